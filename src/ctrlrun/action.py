@@ -1,0 +1,256 @@
+"""The action: one proposed call, its canonical form and its SHA-256 hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+from .errors import InvalidArgument
+
+__all__ = [
+    "ACTION_SCHEMA",
+    "Action",
+    "Principal",
+    "action_hash",
+    "canonical_bytes",
+    "canonicalize",
+    "check_value",
+    "freeze",
+    "new_id",
+    "sha256_hex",
+    "thaw",
+]
+
+ACTION_SCHEMA = "ctrlrun.action/v1"
+
+_FLOAT_FIX = (
+    "use integer minor units (amount=200000) or a decimal string (\"2000.00\"); "
+    "binary floats are not portable between hosts"
+)
+
+
+def new_id(prefix: str) -> str:
+    """A new ``<prefix>_`` + 32 lowercase hex id (128 random bits)."""
+    return f"{prefix}_{secrets.token_hex(16)}"
+
+
+def sha256_hex(data: bytes) -> str:
+    """``"sha256:" + hex`` of ``data``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def check_value(value: Any, path: str) -> None:
+    """Refuse anything the canonical form cannot carry, naming ``path`` and the fix."""
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(
+                f"{path} holds a string UTF-8 cannot encode (a lone surrogate); "
+                "pass valid Unicode text"
+            ) from None
+        return
+    if isinstance(value, float):
+        raise InvalidArgument(f"{path} is a float ({value!r}); {_FLOAT_FIX}")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidArgument(
+                    f"{path} has a {type(key).__name__} key {key!r}; mapping keys must be str"
+                )
+            check_value(key, f"{path} key {key!r}")
+            check_value(item, f"{path}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_value(item, f"{path}[{index}]")
+        return
+    raise InvalidArgument(
+        f"{path} is a {type(value).__name__}, which an action cannot carry; "
+        "use str, int, bool, None, lists and str-keyed mappings"
+    )
+
+
+def freeze(value: Any) -> Any:
+    """A deep read-only copy: mappings become read-only proxies, lists become tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({key: freeze(item) for key, item in value.items()})
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(item) for item in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """A deep plain copy (``dict`` and ``list``) of a frozen value."""
+    if isinstance(value, Mapping):
+        return {key: thaw(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(item) for item in value]
+    return value
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
+
+
+def canonical_bytes(obj: Any) -> bytes:
+    """The one canonical encoder: sorted keys, no whitespace, UTF-8, floats refused."""
+    check_value(obj, "value")
+    return json.dumps(
+        _plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    ).encode("utf-8")
+
+
+def _require_text(value: Any, what: str, *, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or value == "":
+        kind = "a non-empty string or None" if optional else "a non-empty string"
+        raise InvalidArgument(f"{what} must be {kind}, got {value!r}")
+    check_value(value, what)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who proposes an action; only ``agent`` and ``user`` enter the action hash."""
+
+    agent: str
+    user: str | None = None
+    claims: Mapping[str, Any] = field(default_factory=dict)
+    issuer: str | None = None
+    expires_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        _require_text(self.agent, "principal agent")
+        _require_text(self.user, "principal user", optional=True)
+        _require_text(self.issuer, "principal issuer", optional=True)
+        if self.expires_at is not None and (
+            not isinstance(self.expires_at, datetime) or self.expires_at.utcoffset() is None
+        ):
+            raise InvalidArgument("principal expires_at must be a timezone-aware datetime or None")
+        if not isinstance(self.claims, Mapping):
+            raise InvalidArgument("principal claims must be a mapping")
+        for key, item in self.claims.items():
+            if not isinstance(key, str):
+                raise InvalidArgument(f"principal claims key {key!r} must be a str")
+            ok = isinstance(item, (str, int, bool)) and not isinstance(item, float)
+            ok = ok or (isinstance(item, (list, tuple)) and all(isinstance(i, str) for i in item))
+            if not ok:
+                raise InvalidArgument(
+                    f"principal claims.{key} must be str, int, bool or a list of str, got {item!r}"
+                )
+            check_value(item, f"principal claims.{key}")
+        object.__setattr__(self, "claims", freeze(self.claims))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The receipt form of the principal."""
+        from ._time import format_ts
+
+        return {
+            "agent": self.agent,
+            "user": self.user,
+            "claims": thaw(self.claims),
+            "issuer": self.issuer,
+            "expires_at": format_ts(self.expires_at) if self.expires_at else None,
+        }
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Action:
+    """One proposed call. Equality follows ``action_id`` (the proposal), not the content."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    principal: Principal
+    resource: str | None = None
+    environment: str = "production"
+    action_id: str = field(default_factory=lambda: new_id("act"))
+    _canonical: bytes = field(default=b"", repr=False, compare=False)
+    _hash: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _require_text(self.name, "action name")
+        _require_text(self.environment, "action environment")
+        _require_text(self.resource, "action resource", optional=True)
+        if not isinstance(self.principal, Principal):
+            raise InvalidArgument(f"action {self.name!r}: principal must be a Principal")
+        if not isinstance(self.arguments, Mapping):
+            raise InvalidArgument(
+                f"action {self.name!r}: arguments must be a mapping, "
+                f"got {type(self.arguments).__name__}"
+            )
+        if not isinstance(self.action_id, str) or not self.action_id:
+            raise InvalidArgument(f"action {self.name!r}: action_id must be a non-empty string")
+        check_value(self.arguments, "arguments")
+        object.__setattr__(self, "arguments", freeze(self.arguments))
+        document = {
+            "arguments": self.arguments,
+            "environment": self.environment,
+            "name": self.name,
+            "principal": {"agent": self.principal.agent, "user": self.principal.user},
+            "resource": self.resource,
+            "schema": ACTION_SCHEMA,
+        }
+        canonical = json.dumps(
+            _plain(document),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        ).encode("utf-8")
+        object.__setattr__(self, "_canonical", canonical)
+        object.__setattr__(self, "_hash", sha256_hex(canonical))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Action):
+            return NotImplemented
+        return self.action_id == other.action_id
+
+    def __hash__(self) -> int:
+        return hash(self.action_id)
+
+    @property
+    def action_hash(self) -> str:
+        """``"sha256:" + 64 hex`` over the canonical form."""
+        return self._hash
+
+    @property
+    def canonical_arguments(self) -> dict[str, Any]:
+        """A fresh plain dict parsed back from the canonical form (what the function receives)."""
+        return json.loads(self._canonical)["arguments"]
+
+    def replace(self, **changes: Any) -> Action:
+        """A new proposal with some fields changed (a new ``action_id`` unless given)."""
+        values = {
+            "name": self.name,
+            "arguments": self.arguments,
+            "principal": self.principal,
+            "resource": self.resource,
+            "environment": self.environment,
+        }
+        values.update(changes)
+        return Action(**values)
+
+
+def canonicalize(action: Action) -> bytes:
+    """The canonical bytes (``ctrlrun.action/v1``) of ``action``."""
+    return action._canonical
+
+
+def action_hash(action: Action) -> str:
+    """The action hash of ``action``."""
+    return action.action_hash

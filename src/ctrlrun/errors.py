@@ -1,0 +1,246 @@
+"""The exception hierarchy: every refusal ctrlrun makes is a ``CTRLRunError``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CTRLRunError",
+    "InvalidArgument",
+    "PolicyError",
+    "EffectKeyError",
+    "ActionDenied",
+    "AuthorityDenied",
+    "AuthorityEscalation",
+    "ApprovalRequired",
+    "ApprovalTimeout",
+    "ApprovalMismatch",
+    "DuplicateEffect",
+    "AmbiguousEffect",
+    "AmbiguousWrite",
+    "NotExecuted",
+    "Suspended",
+    "IdentityError",
+    "SchemaMismatch",
+    "MissingDependency",
+]
+
+
+class CTRLRunError(Exception):
+    """Base class of every error ctrlrun raises on purpose."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message if message is not None else self._default_message())
+
+    def _default_message(self) -> str:
+        return type(self).__name__
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgument(CTRLRunError, ValueError):
+    """A value or wiring that ctrlrun cannot accept (the message names it and the fix)."""
+
+
+class PolicyError(CTRLRunError):
+    """A policy file is missing, unreadable or malformed."""
+
+
+class EffectKeyError(CTRLRunError):
+    """The effect-key template cannot be rendered from this call's arguments."""
+
+
+class ActionDenied(CTRLRunError):
+    """The action may not run; ``reason`` says why (``rule[1]``, ``unknown_action``, ...)."""
+
+    def __init__(
+        self, message: str | None = None, *, reason: str, action_id: str | None = None
+    ) -> None:
+        self.reason = reason
+        self.action_id = action_id
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        if self.action_id:
+            return f"action {self.action_id} denied: {self.reason}"
+        return f"action denied: {self.reason}"
+
+
+class AuthorityDenied(ActionDenied):
+    """The authority model refused the action."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reason: str,
+        action_id: str | None = None,
+        grant_id: str | None = None,
+        delegation_id: str | None = None,
+    ) -> None:
+        self.grant_id = grant_id
+        self.delegation_id = delegation_id
+        super().__init__(message, reason=reason, action_id=action_id)
+
+
+class AuthorityEscalation(CTRLRunError):
+    """A delegation tried to widen its parent grant."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reason: str,
+        parent_id: str | None = None,
+        dimension: str | None = None,
+    ) -> None:
+        self.reason = reason
+        self.parent_id = parent_id
+        self.dimension = dimension
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return f"delegation refused: {self.reason}"
+
+
+class ApprovalRequired(CTRLRunError):
+    """The policy wants a human: approve ``request_id``, then present it with ``with_approval``."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        request_id: str,
+        action_id: str | None = None,
+        action_hash: str | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.action_id = action_id
+        self.action_hash = action_hash
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return (
+            f"approval required: request {self.request_id} is pending; "
+            f"run `ctrlrun approve {self.request_id}`, then retry inside "
+            f"ctrlrun.with_approval({self.request_id!r})"
+        )
+
+
+class ApprovalTimeout(CTRLRunError):
+    """Nobody answered the approval request before its deadline."""
+
+    def __init__(self, message: str | None = None, *, request_id: str) -> None:
+        self.request_id = request_id
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return f"approval request {self.request_id} was not answered in time"
+
+
+class ApprovalMismatch(CTRLRunError):
+    """A presented (or answered) approval does not authorize this exact action."""
+
+    def __init__(
+        self, message: str | None = None, *, reason: str, approval_id: str | None = None
+    ) -> None:
+        self.reason = reason
+        self.approval_id = approval_id
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return f"approval {self.approval_id or '?'} refused: {self.reason}"
+
+
+class DuplicateEffect(CTRLRunError):
+    """The effect key is already committed, or held by a live reservation (``in_progress``)."""
+
+    def __init__(
+        self, message: str | None = None, *, state: str, effect_key: str | None = None
+    ) -> None:
+        self.state = state
+        self.effect_key = effect_key
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        if self.state == "committed":
+            return f"effect {self.effect_key!r} already committed; it will not run again"
+        return f"effect {self.effect_key!r} is held by another attempt ({self.state})"
+
+
+class AmbiguousEffect(CTRLRunError):
+    """The effect's outcome is unknown; a retry is refused until it is resolved."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        effect_key: str | None = None,
+        action_id: str | None = None,
+    ) -> None:
+        self.effect_key = effect_key
+        self.action_id = action_id
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return (
+            f"effect {self.effect_key!r} may already have happened (AMBIGUOUS); "
+            f"find out, then run `ctrlrun resolve {self.effect_key} --committed` or `--failed`"
+        )
+
+
+class AmbiguousWrite(CTRLRunError):
+    """A store COMMIT's outcome is unknown; the function was not run."""
+
+
+class NotExecuted(CTRLRunError):
+    """Raised by a protected function to state that the remote provably did nothing."""
+
+
+class Suspended(CTRLRunError):
+    """Raised by an executor to hold its effect across round trips (not built yet)."""
+
+    def __init__(self, message: str | None = None, *, continuation: Any = None) -> None:
+        self.continuation = continuation
+        super().__init__(message)
+
+
+class IdentityError(CTRLRunError):
+    """A credential was offered and rejected, or the principal expired."""
+
+
+class SchemaMismatch(CTRLRunError):
+    """The store's schema is not one this build knows."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        applied: tuple[str, ...] = (),
+        known: tuple[str, ...] = (),
+        running: str | None = None,
+    ) -> None:
+        self.applied = tuple(applied)
+        self.known = tuple(known)
+        self.running = running
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return (
+            f"store schema {list(self.applied)} is not one ctrlrun {self.running} knows "
+            f"({list(self.known)}); upgrade ctrlrun"
+        )
+
+
+class MissingDependency(CTRLRunError, ImportError):
+    """An optional extra is not installed."""
+
+    def __init__(self, message: str | None = None, *, module: str, extra: str) -> None:
+        self.module = module
+        self.extra = extra
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return f"{self.module} is not installed; pip install 'ctrlrun[{self.extra}]'"
