@@ -17,7 +17,9 @@ __all__ = [
     "ACTION_SCHEMA",
     "Action",
     "Principal",
+    "action_from_dict",
     "action_hash",
+    "action_to_dict",
     "canonical_bytes",
     "canonicalize",
     "check_value",
@@ -254,3 +256,46 @@ def canonicalize(action: Action) -> bytes:
 def action_hash(action: Action) -> str:
     """The action hash of ``action``."""
     return action.action_hash
+
+
+def action_to_dict(action: Action) -> dict[str, Any]:
+    """A JSON-safe dict that rebuilds ``action`` exactly (id, claims, issuer, expiry included)."""
+    from ._time import format_precise
+
+    principal = action.principal
+    return {
+        "action_id": action.action_id,
+        "name": action.name,
+        "arguments": thaw(action.arguments),
+        "resource": action.resource,
+        "environment": action.environment,
+        "principal": {
+            "agent": principal.agent,
+            "user": principal.user,
+            "claims": thaw(principal.claims),
+            "issuer": principal.issuer,
+            "expires_at": format_precise(principal.expires_at) if principal.expires_at else None,
+        },
+    }
+
+
+def action_from_dict(document: Mapping[str, Any]) -> Action:
+    """The inverse of ``action_to_dict``."""
+    from ._time import parse_ts
+
+    p = document["principal"]
+    principal = Principal(
+        agent=p["agent"],
+        user=p.get("user"),
+        claims=p.get("claims") or {},
+        issuer=p.get("issuer"),
+        expires_at=parse_ts(p["expires_at"]) if p.get("expires_at") else None,
+    )
+    return Action(
+        name=document["name"],
+        arguments=document["arguments"],
+        principal=principal,
+        resource=document.get("resource"),
+        environment=document["environment"],
+        action_id=document["action_id"],
+    )

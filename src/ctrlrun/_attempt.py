@@ -1,0 +1,117 @@
+"""One attempt's evidence: the events it has yet to write and the receipt it ends with."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._time import Clock, format_ts
+from .action import Action, new_id
+from .receipt import Event, EventType, Receipt
+
+log = logging.getLogger("ctrlrun")
+
+
+@dataclass
+class Attempt:
+    """Collects one attempt's events (written with the next store write) and builds its receipt."""
+
+    action: Action
+    effect_key: str | None
+    approval_id: str | None
+    clock: Clock
+    policy_hash: str | None
+    policy_version: str | None
+    task: str | None = None
+    hop: str | None = None
+    started_at: str = ""
+    decision: str = "deny"
+    reason: str = ""
+    controls: tuple[str, ...] = ()
+    approver: str | None = None
+    attempt: int = 1
+    pending: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.started_at = self.now()
+
+    def now(self) -> str:
+        return format_ts(self.clock())
+
+    def event(self, type_: EventType, *, approval_id: str | None = None, **data: Any) -> Event:
+        """Queue an event; it is written with this attempt's next store write."""
+        event = Event(
+            type=type_,
+            ts=self.now(),
+            action_id=self.action.action_id,
+            effect_key=self.effect_key,
+            approval_id=approval_id or self.approval_id,
+            data=data,
+        )
+        self.pending.append(event)
+        return event
+
+    def take(self, *extra: Event) -> list[Event]:
+        """Hand over the queued events (plus ``extra``) to a store write."""
+        events, self.pending = [*self.pending, *extra], []
+        return events
+
+    def receipt(self, result: str, error: str | None = None) -> Receipt:
+        principal = self.action.principal
+        return Receipt(
+            receipt_id=new_id("ctr"),
+            action_id=self.action.action_id,
+            action=self.action.name,
+            action_hash=self.action.action_hash,
+            principal=principal.to_dict(),
+            resource=self.action.resource,
+            arguments=self.action.canonical_arguments,
+            environment=self.action.environment,
+            decision=self.decision,
+            decision_reason=self.reason,
+            approval_id=self.approval_id,
+            approver=self.approver,
+            effect_key=self.effect_key,
+            attempt=self.attempt,
+            result=result,
+            execution=None,
+            would_have=None,
+            error=error,
+            started_at=self.started_at,
+            finished_at=self.now(),
+            policy_hash=self.policy_hash,
+            policy_version=self.policy_version,
+            controls=self.controls,
+            task=self.task,
+            hop=self.hop,
+        )
+
+
+def fan_out(
+    sinks: Sequence[Any], events: Sequence[Event], receipt: Receipt | None
+) -> None:
+    """Copy committed evidence to every sink; a failing sink is logged and skipped."""
+    for sink in sinks:
+        try:
+            for event in events:
+                sink.on_event(event)
+            if receipt is not None:
+                sink.on_receipt(receipt)
+        except Exception:
+            log.warning("event sink %r failed; continuing", sink, exc_info=True)
+
+
+def describe(exc: BaseException) -> str:
+    """``"<TypeName>: <message>"``, made storable (lone surrogates escaped)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def storable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def mapping_or_empty(value: Mapping[str, Any] | None) -> dict[str, Any]:
+    return dict(value or {})

@@ -1,0 +1,562 @@
+"""Control: the seven steps of a protected call, top to bottom."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from . import _ambient
+from ._attempt import Attempt, describe, fan_out, storable
+from ._time import Clock, format_ts, utc_now
+from .action import Action, Principal
+from .approvals import DEFAULT_APPROVAL_TTL, ApprovalProvider, LocalApprovalProvider
+from .effect import DEFAULT_LEASE, EffectState
+from .errors import (
+    ActionDenied,
+    AmbiguousEffect,
+    ApprovalMismatch,
+    ApprovalRequired,
+    CTRLRunError,
+    DuplicateEffect,
+    IdentityError,
+    InvalidArgument,
+    NotExecuted,
+    PolicyError,
+)
+from .identity import IdentityProvider
+from .policy import Decision, Evaluation, Policy
+from .receipt import EventSink, EventType, JSONLEventSink, Receipt
+from .store import StateStore
+
+__all__ = ["Control", "ReconcileOutcome"]
+
+log = logging.getLogger("ctrlrun")
+
+ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
+Reconcile = Callable[[str], ReconcileOutcome]
+
+
+@dataclass(frozen=True)
+class _Options:
+    effect_key: str | None
+    lease: timedelta
+    reconcile: Reconcile | None
+    reconcile_eagerly: bool
+    task: str | None
+    hop: str | None
+
+
+def _positive(value: timedelta, what: str) -> timedelta:
+    if not isinstance(value, timedelta) or value <= timedelta(0):
+        raise InvalidArgument(f"{what} must be a positive timedelta, got {value!r}")
+    return value
+
+
+def _resolve_environment(argument: str | None, policy: Policy) -> str:
+    if argument is not None:
+        if not isinstance(argument, str) or not argument.strip():
+            raise InvalidArgument("Control(environment=...) must be a non-empty string")
+        return argument
+    if "CTRLRUN_ENVIRONMENT" in os.environ:
+        value = os.environ["CTRLRUN_ENVIRONMENT"]
+        if not value.strip():
+            raise InvalidArgument(
+                "CTRLRUN_ENVIRONMENT is set but blank; unset it or name the environment"
+            )
+        return value
+    return policy.environment or "production"
+
+
+class Control:
+    """Decides, approves, reserves, runs and records protected calls for one policy and store."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        store: StateStore,
+        approvals: ApprovalProvider | None = None,
+        *,
+        clock: Clock = utc_now,
+        approval_ttl: timedelta = DEFAULT_APPROVAL_TTL,
+        lease: timedelta = DEFAULT_LEASE,
+        sinks: Sequence[EventSink] = (),
+        suspend_timeout: timedelta = timedelta(minutes=5),
+        identity: IdentityProvider | None = None,
+        authority: Any = None,
+        environment: str | None = None,
+        approver_identity: Any = None,
+        require_approved_policy: bool = False,
+        upstream: str | None = None,
+        anchor: Any = None,
+    ) -> None:
+        if not isinstance(policy, Policy):
+            raise InvalidArgument("Control needs a loaded Policy (Policy.from_file())")
+        missing = policy.unenforced_features()
+        if missing:
+            raise PolicyError(
+                f"{policy.source}: {', '.join(missing)} is not enforced by this version of "
+                "ctrlrun; remove it from the policy rather than run without it"
+            )
+        later = {
+            "authority": authority,
+            "approver_identity": approver_identity,
+            "require_approved_policy": require_approved_policy or None,
+            "upstream": upstream,
+            "anchor": anchor,
+        }
+        for name, value in later.items():
+            if value is not None:
+                raise InvalidArgument(
+                    f"Control({name}=...) is not enforced by this version of ctrlrun; leave it unset"
+                )
+        self._policy = policy
+        self._store = store
+        self._clock = clock
+        self._approval_ttl = _positive(approval_ttl, "Control(approval_ttl=...)")
+        self._lease = _positive(lease, "Control(lease=...)")
+        self._suspend_timeout = suspend_timeout
+        self._sinks = tuple(sinks)
+        self._identity = identity
+        self._environment = _resolve_environment(environment, policy)
+        self._policy_hash = policy.runtime_hash(self._environment)
+        self._approvals = approvals if approvals is not None else LocalApprovalProvider(
+            store, clock=clock
+        )
+
+    # -- construction from files ---------------------------------------------------------
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str] | None = None, *, environment: str | None = None) -> Control:
+        """The default wiring: the policy file, its store and a JSONL copy of the evidence."""
+        from ._default import open_default_store, policy_path
+
+        policy = Policy.from_file(policy_path(path))
+        store, evidence_dir = open_default_store(policy_path(path))
+        sinks = (JSONLEventSink(evidence_dir),) if evidence_dir is not None else ()
+        return cls(policy, store, sinks=sinks, environment=environment)
+
+    # -- read-only properties ------------------------------------------------------------
+
+    policy = property(lambda self: self._policy)
+    store = property(lambda self: self._store)
+    approvals = property(lambda self: self._approvals)
+    sinks = property(lambda self: self._sinks)
+    lease = property(lambda self: self._lease)
+    identity = property(lambda self: self._identity)
+    environment = property(lambda self: self._environment)
+    clock = property(lambda self: self._clock)
+    policy_hash = property(lambda self: self._policy_hash)
+    approval_ttl = property(lambda self: self._approval_ttl)
+    authority = property(lambda self: None)
+    approver_identity = property(lambda self: None)
+    require_approved_policy = property(lambda self: False)
+
+    # -- public steps ----------------------------------------------------------------------
+
+    def resolve_principal(self, action_name: str) -> Principal:
+        """The principal for a call: the identity provider's, else the active ``context()``."""
+        if self._identity is not None:
+            try:
+                principal = self._identity.principal(action_name)
+            except CTRLRunError:
+                raise
+            except Exception as exc:
+                raise IdentityError(
+                    f"identity provider {type(self._identity).__name__} failed for action "
+                    f"{action_name!r}: {describe(exc)}"
+                ) from exc
+            if principal is not None and not isinstance(principal, Principal):
+                raise IdentityError(
+                    f"identity provider returned {principal!r} for {action_name!r}, not a Principal"
+                )
+        else:
+            hint = _ambient.current_hint()
+            principal = Principal(*hint) if hint else None
+        if principal is None:
+            log.warning("action %r has no principal; wrap the call in ctrlrun.context()", action_name)
+            raise ActionDenied(
+                f"action {action_name!r} denied: no principal; call it inside "
+                "ctrlrun.context(agent=...)",
+                reason="no_principal",
+            )
+        return principal
+
+    def evaluate(self, action: Action, *, task: str | None = None, hop: str | None = None) -> Evaluation:
+        """The policy's decision for ``action``; writes nothing."""
+        return self._policy.evaluate(action)
+
+    def execute(
+        self,
+        action: Action,
+        executor: Callable[[], Any],
+        effect_key: str | None = None,
+        *,
+        lease: timedelta | None = None,
+        reconcile: Reconcile | None = None,
+        reconcile_eagerly: bool = False,
+        preconditions: Any = None,
+        task: str | None = None,
+        hop: str | None = None,
+        scope: Any = None,
+    ) -> Receipt:
+        """Run ``executor`` for a pre-built action through the whole pipeline; returns the receipt."""
+        return self.run(
+            action, executor, effect_key, lease=lease, reconcile=reconcile,
+            reconcile_eagerly=reconcile_eagerly, preconditions=preconditions, task=task,
+            hop=hop, scope=scope,
+        )[1]  # fmt: skip
+
+    def record_effect_key_error(self, action: Action, error: Exception) -> None:
+        """An effect key that cannot be rendered is refused before policy, with a denied receipt."""
+        attempt = self._attempt(action, None, _ambient.presented_approval(), None, None)
+        attempt.reason = "effect_key_error"
+        attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
+        attempt.event(EventType.ACTION_DENIED, reason="effect_key_error")
+        self._record(attempt, attempt.receipt("denied", storable(str(error))))
+
+    # -- the pipeline ----------------------------------------------------------------------
+
+    def run(
+        self,
+        action: Action,
+        executor: Callable[[], Any],
+        effect_key: str | None = None,
+        *,
+        lease: timedelta | None = None,
+        reconcile: Reconcile | None = None,
+        reconcile_eagerly: bool = False,
+        preconditions: Any = None,
+        task: str | None = None,
+        hop: str | None = None,
+        scope: Any = None,
+    ) -> tuple[Any, Receipt]:
+        """normalize → decide → approve → reserve → execute → resolve → record.
+
+        Returns the executor's value and the terminal receipt, or raises the refusal.
+        """
+        options = self._options(action, effect_key, lease, reconcile, reconcile_eagerly, preconditions)
+        options = _Options(options.effect_key, options.lease, options.reconcile,
+                           options.reconcile_eagerly, task, hop)  # fmt: skip
+        approval_id = _ambient.presented_approval()
+        attempt = self._attempt(action, options.effect_key, approval_id, task, hop)
+
+        # normalize
+        attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
+
+        # decide
+        evaluation = self._policy.evaluate(action)
+        attempt.decision = str(evaluation.decision)
+        attempt.reason = evaluation.reason
+        attempt.controls = tuple(evaluation.controls)
+        attempt.event(EventType.POLICY_EVALUATED, decision=attempt.decision, reason=attempt.reason)
+        if evaluation.decision is Decision.DENY:
+            attempt.event(EventType.ACTION_DENIED, reason=evaluation.reason)
+            self._record(attempt, attempt.receipt("denied"))
+            raise ActionDenied(
+                f"action {action.name!r} denied by policy ({evaluation.reason})",
+                reason=evaluation.reason,
+                action_id=action.action_id,
+            )
+
+        # approve
+        consume = evaluation.decision is Decision.APPROVE
+        if consume and approval_id is None:
+            self._request_approval(attempt)
+
+        # reserve (the approval is spent in the same transaction)
+        reservation = self._start(attempt, options, approval_id if consume else None)
+        if not consume and approval_id is not None:
+            self._close_unneeded_approval(attempt, approval_id)
+
+        # execute, resolve, record
+        return self._execute(attempt, options, executor, reservation)
+
+    def _options(self, action, effect_key, lease, reconcile, reconcile_eagerly, preconditions) -> _Options:
+        if action.environment != self._environment:
+            raise InvalidArgument(
+                f"action {action.name!r} is for environment {action.environment!r} but this "
+                f"Control runs {self._environment!r}; build the Action with "
+                f"environment={self._environment!r}"
+            )
+        if effect_key is not None and (
+            not isinstance(effect_key, str) or effect_key == "" or effect_key.startswith("policy:")
+        ):
+            raise InvalidArgument(
+                f"effect key {effect_key!r} for action {action.name!r} is not usable: it must be "
+                "a non-empty string not starting with 'policy:' (reserved)"
+            )
+        if preconditions is not None:
+            raise InvalidArgument(
+                f"preconditions= for action {action.name!r} is not enforced by this version of "
+                "ctrlrun; remove it"
+            )
+        if reconcile_eagerly and reconcile is None:
+            raise InvalidArgument(f"reconcile_eagerly=True for {action.name!r} needs reconcile=")
+        lease = self._lease if lease is None else _positive(lease, "lease")
+        return _Options(effect_key, lease, reconcile, reconcile_eagerly, None, None)
+
+    def _attempt(self, action, effect_key, approval_id, task, hop) -> Attempt:
+        return Attempt(
+            action=action,
+            effect_key=effect_key,
+            approval_id=approval_id,
+            clock=self._clock,
+            policy_hash=self._policy_hash,
+            policy_version=self._policy.version,
+            task=task,
+            hop=hop,
+        )
+
+    def _request_approval(self, attempt: Attempt) -> None:
+        action = attempt.action
+        request = self._approvals.request(action, self._approval_ttl, policy_hash=self._policy_hash)
+        attempt.event(
+            EventType.APPROVAL_REQUESTED,
+            approval_id=request.request_id,
+            action_hash=action.action_hash,
+            expires_at=format_ts(request.expires_at),
+        )
+        self._record(attempt, None)
+        raise ApprovalRequired(
+            request_id=request.request_id,
+            action_id=action.action_id,
+            action_hash=action.action_hash,
+        )
+
+    def _start(self, attempt: Attempt, options: _Options, approval_id: str | None):
+        """Consume the approval and reserve the key in one store transaction; record refusals."""
+        action = attempt.action
+        reconciled = False
+        while True:
+            def started(approval, reservation):
+                events = attempt.take()
+                if approval is not None:
+                    attempt.approver = approval.approver
+                    events.append(attempt.event(EventType.APPROVAL_CONSUMED, approver=approval.approver))
+                if reservation is not None:
+                    attempt.attempt = reservation.attempt
+                    events.append(attempt.event(
+                        EventType.EFFECT_RESERVED, attempt=reservation.attempt,
+                        lease_expires_at=format_ts(reservation.lease_expires_at)))  # fmt: skip
+                events.append(attempt.event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
+                attempt.pending.clear()
+                return events
+
+            try:
+                _, reservation, stored = self._store.start_attempt(
+                    action_id=action.action_id,
+                    effect_key=options.effect_key,
+                    lease=options.lease,
+                    approval_id=approval_id,
+                    action_hash=action.action_hash if approval_id else None,
+                    events=started,
+                )
+            except ApprovalMismatch as refusal:
+                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
+                self._refuse_approval(attempt, refusal)
+                raise
+            except ActionDenied as refusal:
+                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
+                self._refuse_denied_approval(attempt, refusal)
+                raise
+            except DuplicateEffect as refusal:
+                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
+                self._refuse_reservation(attempt, refusal, state=refusal.state)
+                raise
+            except AmbiguousEffect as refusal:
+                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
+                if options.reconcile is not None and not reconciled:
+                    reconciled = True
+                    if self._reconcile(attempt, options, "blocking") != "unknown":
+                        continue  # resolved: reserve again (renewal, or a committed duplicate)
+                self._refuse_reservation(attempt, refusal, state=None)
+                raise
+            fan_out(self._sinks, stored, None)
+            return reservation
+
+    def _execute(self, attempt: Attempt, options: _Options, executor, reservation):
+        key = options.effect_key
+        number = reservation.attempt if reservation is not None else 1
+        with _ambient.holding_effect(key, number):
+            try:
+                value = executor()
+            except NotExecuted as exc:
+                error = storable(str(exc) or describe(exc))
+                self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
+                raise
+            except BaseException as exc:
+                error = describe(exc)
+                wrote = self._finish(attempt, EffectState.AMBIGUOUS, None, error, "raised " + type(exc).__name__,
+                                     reraise_store=isinstance(exc, Exception))  # fmt: skip
+                if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and key:
+                    self._reconcile(attempt, options, "eager")
+                    if attempt.pending:
+                        self._record(attempt, None)
+                raise
+        receipt = self._finish(attempt, EffectState.COMMITTED, value, None, "returned")
+        return value, receipt
+
+    def _finish(self, attempt: Attempt, outcome: EffectState, value: Any, error: str | None,
+                did: str, *, reraise_store: bool = True):  # fmt: skip
+        """Write the outcome, its event and the receipt in one transaction."""
+        event_type = {
+            EffectState.COMMITTED: EventType.EXECUTION_COMMITTED,
+            EffectState.FAILED: EventType.EXECUTION_FAILED,
+            EffectState.AMBIGUOUS: EventType.EXECUTION_AMBIGUOUS,
+        }[outcome]
+        attempt.event(event_type, **({} if error is None else {"error": error}))
+        receipt = attempt.receipt(outcome.value, error)
+        try:
+            events, stored = self._store.finish_attempt(
+                effect_key=attempt.effect_key,
+                action_id=attempt.action.action_id,
+                outcome=outcome if attempt.effect_key else None,
+                result=value,
+                error=error,
+                events=attempt.take(),
+                receipt=receipt,
+            )
+        except (AmbiguousEffect, DuplicateEffect, InvalidArgument) as refusal:
+            if not attempt.effect_key:
+                raise
+            message = storable(
+                f"the function {did}, but its outcome could not be recorded: {refusal}"
+            )
+            attempt.pending.clear()
+            attempt.event(EventType.EXECUTION_AMBIGUOUS, error=message)
+            self._record(attempt, attempt.receipt("ambiguous", message))
+            if reraise_store:
+                raise refusal from None
+            return None
+        fan_out(self._sinks, events, stored)
+        return stored
+
+    # -- refusals --------------------------------------------------------------------------
+
+    def _refuse_approval(self, attempt: Attempt, refusal: ApprovalMismatch) -> None:
+        if refusal.reason == "expired":
+            attempt.event(EventType.APPROVAL_EXPIRED)
+        attempt.event(
+            EventType.APPROVAL_INVALIDATED,
+            reason=refusal.reason,
+            action_hash=attempt.action.action_hash,
+        )
+        attempt.approver = self._approver_of(attempt.approval_id)
+        attempt.attempt = self._attempt_number(attempt.effect_key)
+        error = _APPROVAL_ERRORS.get(refusal.reason, "approval {id} refused ({reason})")
+        self._record(
+            attempt,
+            attempt.receipt("blocked", error.format(id=attempt.approval_id, reason=refusal.reason)),
+        )
+
+    def _refuse_denied_approval(self, attempt: Attempt, refusal: ActionDenied) -> None:
+        approver = self._approver_of(attempt.approval_id)
+        attempt.approver = approver
+        attempt.event(EventType.APPROVAL_DENIED, approver=approver)
+        attempt.event(EventType.ACTION_DENIED, reason="approval_denied")
+        attempt.attempt = self._attempt_number(attempt.effect_key)
+        self._record(
+            attempt,
+            attempt.receipt("denied", f"approval {attempt.approval_id} was denied by {approver}"),
+        )
+        refusal.action_id = attempt.action.action_id
+
+    def _refuse_reservation(self, attempt: Attempt, refusal: CTRLRunError, *, state: str | None) -> None:
+        key = attempt.effect_key
+        if state is None:
+            attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="ambiguous")
+            error = f"effect {key} may already have happened (ambiguous); blind retry refused"
+        else:
+            attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="duplicate", state=state)
+            error = (
+                f"effect {key} already committed (duplicate)"
+                if state == "committed"
+                else f"effect {key} is held by another attempt (in_progress)"
+            )
+        if attempt.approval_id:
+            attempt.approver = self._approver_of(attempt.approval_id)
+        attempt.attempt = self._attempt_number(key)
+        self._record(attempt, attempt.receipt("blocked", error))
+
+    def _close_unneeded_approval(self, attempt: Attempt, approval_id: str) -> None:
+        """An allowed action presenting a matching grant closes it; any failure is ignored."""
+        try:
+            approval = self._store.consume_approval(approval_id, attempt.action.action_hash)
+            attempt.approver = approval.approver
+        except CTRLRunError as exc:
+            log.info("presented approval %s left as it was: %s", approval_id, exc)
+
+    # -- reconcile -------------------------------------------------------------------------
+
+    def _reconcile(self, attempt: Attempt, options: _Options, trigger: str) -> str:
+        """Ask the hook what became of an ambiguous effect; move the record if it knows."""
+        key = options.effect_key
+        attempt.event(EventType.RECONCILIATION_STARTED, effect_key=key, trigger=trigger)
+        try:
+            answer = options.reconcile(key)
+        except Exception as exc:
+            log.warning("reconcile hook for %r raised: %s", key, describe(exc))
+            attempt.event(EventType.RECONCILIATION_RESOLVED, outcome="unknown", reason="raised",
+                          error=describe(exc))  # fmt: skip
+            return "unknown"
+        if answer not in ("committed", "not_executed", "unknown"):
+            log.warning("reconcile hook for %r returned %r; treating it as unknown", key, answer)
+            attempt.event(EventType.RECONCILIATION_RESOLVED, outcome="unknown",
+                          reason="invalid_return", error=storable(repr(answer)))  # fmt: skip
+            return "unknown"
+        attempt.event(EventType.RECONCILIATION_RESOLVED, outcome=answer)
+        if answer == "unknown":
+            return "unknown"
+        state = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
+        resolver = f"reconcile:{attempt.action.name}"
+        try:
+            self._store.resolve_effect(key, state, resolver)
+        except CTRLRunError as exc:
+            log.warning("reconcile of %r could not be recorded (%s); treating it as unknown", key, exc)
+            return "unknown"
+        attempt.event(EventType.EFFECT_RESOLVED, state=state.value, resolver=resolver,
+                      resolved_by="reconcile")  # fmt: skip
+        return answer
+
+    # -- store helpers ---------------------------------------------------------------------
+
+    def _record(self, attempt: Attempt, receipt: Receipt | None) -> Receipt | None:
+        events, stored = self._store.record(events=attempt.take(), receipt=receipt)
+        fan_out(self._sinks, events, stored)
+        return stored
+
+    def _approver_of(self, approval_id: str | None) -> str | None:
+        if not approval_id:
+            return None
+        record = self._store.get_approval(approval_id)
+        return record.approver if record is not None else None
+
+    def _attempt_number(self, effect_key: str | None) -> int:
+        if not effect_key:
+            return 1
+        record = self._store.get_effect(effect_key)
+        return record.attempt if record is not None else 1
+
+
+_BEFORE_START = frozenset(
+    {
+        EventType.ACTION_PROPOSED,
+        EventType.POLICY_EVALUATED,
+        EventType.RECONCILIATION_STARTED,
+        EventType.RECONCILIATION_RESOLVED,
+        EventType.EFFECT_RESOLVED,
+    }
+)
+
+_APPROVAL_ERRORS = {
+    "mismatch": "approval {id} is bound to another action (mismatch)",
+    "consumed": "approval {id} was already used (consumed)",
+    "expired": "approval {id} expired before it was used (expired)",
+    "pending": "approval {id} has not been granted yet (pending)",
+    "unknown": "no approval request {id} (unknown)",
+}

@@ -1,0 +1,199 @@
+"""Effect and resource templates: literal text plus ``{name}`` placeholders."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from ..errors import EffectKeyError, InvalidArgument
+
+__all__ = [
+    "Placeholder",
+    "TemplateSyntaxError",
+    "parse_template",
+    "render_effect_key",
+    "render_resource",
+    "template_placeholders",
+]
+
+
+class TemplateSyntaxError(ValueError):
+    """A template that is not literal text plus ``{identifier}`` placeholders."""
+
+
+class Placeholder(NamedTuple):
+    """One ``{name}`` in a parsed template."""
+
+    name: str
+
+
+_GRAMMAR = (
+    "a template is literal text plus {name} placeholders, where name is a letter or '_' "
+    "followed by letters, digits or '_' (no '{{' escapes, format specs, spaces, "
+    "attributes, indexes, or unmatched braces)"
+)
+
+
+def _is_start(ch: str) -> bool:
+    return ch == "_" or ch.isalpha()
+
+
+def _is_continue(ch: str) -> bool:
+    return ch == "_" or ch.isalpha() or ch.isdecimal()
+
+
+@lru_cache(maxsize=1024)
+def _parse(text: str) -> tuple[str | Placeholder, ...]:
+    if text == "":
+        raise TemplateSyntaxError("the template is empty; " + _GRAMMAR)
+    parts: list[str | Placeholder] = []
+    literal: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "}":
+            raise TemplateSyntaxError(f"unmatched '}}' at position {i} in {text!r}; " + _GRAMMAR)
+        if ch != "{":
+            literal.append(ch)
+            i += 1
+            continue
+        close = text.find("}", i + 1)
+        if close < 0:
+            raise TemplateSyntaxError(f"unmatched '{{' at position {i} in {text!r}; " + _GRAMMAR)
+        name = text[i + 1 : close]
+        if "{" in name:
+            raise TemplateSyntaxError(
+                f"'{{' inside a placeholder at position {i} in {text!r}; " + _GRAMMAR
+            )
+        if name == "":
+            raise TemplateSyntaxError(f"empty placeholder '{{}}' in {text!r}; " + _GRAMMAR)
+        if not (_is_start(name[0]) and all(_is_continue(c) for c in name[1:])):
+            raise TemplateSyntaxError(
+                f"placeholder {{{name}}} in {text!r} is not an identifier; " + _GRAMMAR
+            )
+        if literal:
+            parts.append("".join(literal))
+            literal = []
+        parts.append(Placeholder(name))
+        i = close + 1
+    if literal:
+        parts.append("".join(literal))
+    return tuple(parts)
+
+
+def parse_template(text: Any) -> tuple[str | Placeholder, ...]:
+    """Parse ``text`` into literal strings and ``Placeholder`` items; ``TemplateSyntaxError`` if invalid."""
+    if not isinstance(text, str):
+        raise TemplateSyntaxError(
+            f"a template must be a string, got {type(text).__name__} ({text!r}); " + _GRAMMAR
+        )
+    return _parse(str.__str__(text))
+
+
+def template_placeholders(text: Any) -> tuple[str, ...]:
+    """The distinct placeholder names of ``text``, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for part in parse_template(text):
+        if isinstance(part, Placeholder):
+            seen.setdefault(part.name, None)
+    return tuple(seen)
+
+
+def _render_value(value: Any) -> str | None:
+    """The text a placeholder value renders as, or ``None`` if it may not render."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return int.__repr__(value)
+    if isinstance(value, str) and value != "":
+        return str.__str__(value)
+    return None
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, bool):
+        return f"a bool ({value})"
+    if isinstance(value, str):
+        return "an empty string"
+    return f"a {type(value).__name__}"
+
+
+_VALUE_RULE = "a placeholder value must be a non-empty string or an integer (not a bool)"
+
+
+def render_effect_key(
+    template: str, canonical_arguments: Mapping[str, Any], resource: str | None
+) -> str:
+    """Render an effect-key template from canonical arguments; ``EffectKeyError`` if it cannot."""
+    try:
+        parts = parse_template(template)
+    except TemplateSyntaxError as exc:
+        raise EffectKeyError(f"effect template {template!r} is invalid: {exc}") from None
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, Placeholder):
+            out.append(part)
+            continue
+        name = part.name
+        if name == "resource":
+            if "resource" in canonical_arguments:
+                raise EffectKeyError(
+                    f"effect template {template!r}: placeholder {{resource}} is ambiguous, the "
+                    "call has an argument named 'resource' and {resource} names the action's "
+                    "resource; rename the argument or the placeholder"
+                )
+            if resource is None:
+                raise EffectKeyError(
+                    f"effect template {template!r}: placeholder {{resource}} names the action's "
+                    "resource, but this action has none; give the action a resource template "
+                    "or remove {resource}"
+                )
+            value: Any = resource
+        else:
+            if name not in canonical_arguments:
+                names = ", ".join(sorted(canonical_arguments)) or "none"
+                raise EffectKeyError(
+                    f"effect template {template!r}: placeholder {{{name}}} names no argument of "
+                    f"this call (it has: {names}); pass {name} or fix the template"
+                )
+            value = canonical_arguments[name]
+        text = _render_value(value)
+        if text is None:
+            raise EffectKeyError(
+                f"effect template {template!r}: placeholder {{{name}}} is {_describe(value)}; "
+                f"{_VALUE_RULE}, so pass one for {name} or fix the template"
+            )
+        out.append(text)
+    return "".join(out)
+
+
+def render_resource(template: str, arguments: Mapping[str, Any]) -> str:
+    """Render a resource template from the call's arguments; ``InvalidArgument`` if it cannot."""
+    try:
+        parts = parse_template(template)
+    except TemplateSyntaxError as exc:
+        raise InvalidArgument(f"resource template {template!r} is invalid: {exc}") from None
+    out: list[str] = []
+    for part in parts:
+        if not isinstance(part, Placeholder):
+            out.append(part)
+            continue
+        name = part.name
+        if name not in arguments:
+            names = ", ".join(sorted(str(k) for k in arguments)) or "none"
+            raise InvalidArgument(
+                f"resource template {template!r}: placeholder {{{name}}} names no argument of "
+                f"this call (it has: {names}); pass {name} or fix the template"
+            )
+        value = arguments[name]
+        text = _render_value(value)
+        if text is None:
+            raise InvalidArgument(
+                f"resource template {template!r}: placeholder {{{name}}} is {_describe(value)}; "
+                f"{_VALUE_RULE}, so pass one for {name} or fix the template"
+            )
+        out.append(text)
+    return "".join(out)

@@ -1,0 +1,247 @@
+"""``@protect``: turn a function call into an action that goes through a Control."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any, NamedTuple, ParamSpec, TypeVar
+
+from . import _ambient
+from ._default import default_control
+from .action import Action
+from .control import Control, Reconcile
+from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
+from .policy import render_effect_key, render_resource, template_placeholders
+
+__all__ = ["protect"]
+
+log = logging.getLogger("ctrlrun")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _check_template(name: str, what: str, template: str | None) -> None:
+    if template is None:
+        return
+    if not isinstance(template, str):
+        raise InvalidArgument(f"@protect({name!r}): {what}= must be a string template")
+    try:
+        template_placeholders(template)
+    except Exception as exc:
+        raise InvalidArgument(
+            f"@protect({name!r}): {what}={template!r} is not a valid template ({exc}); "
+            "use literal text and {identifier} placeholders"
+        ) from None
+
+
+def _check_function(name: str, func: Callable[..., Any]) -> inspect.Signature:
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise InvalidArgument(
+            f"@protect({name!r}) cannot wrap a generator: calling it would commit an un-run "
+            "generator as the result; protect a function that performs the effect"
+        )
+    if inspect.iscoroutinefunction(func):
+        raise InvalidArgument(
+            f"@protect({name!r}) cannot wrap an async function in this version; "
+            "protect a synchronous function"
+        )
+    signature = inspect.signature(func)
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise InvalidArgument(
+                f"@protect({name!r}): *args/**kwargs ({parameter.name}) cannot be bound to a "
+                "policy; name every parameter"
+            )
+        if parameter.name == "data_scope":
+            raise InvalidArgument(
+                f"@protect({name!r}): a parameter may not be named 'data_scope' (the policy "
+                "derives that name itself); rename it"
+            )
+    return signature
+
+
+class _Call(NamedTuple):
+    control: Control
+    action: Action
+    effect_key: str | None
+    task: str | None
+    hop: str | None
+
+
+class _Protected:
+    """Everything one decorated function needs at call time."""
+
+    def __init__(self, name, func, signature, effect, resource, wait, lease, reconcile,
+                 reconcile_eagerly, control, task, hop, scope):  # fmt: skip
+        self.name = name
+        self.func = func
+        self.signature = signature
+        self.effect = effect
+        self.resource = resource
+        self.wait = wait
+        self.lease = lease
+        self.reconcile = reconcile
+        self.reconcile_eagerly = reconcile_eagerly
+        self.control = control
+        self.task = task
+        self.hop = hop
+        self.scope = scope
+        self.positional_only = tuple(
+            p.name for p in signature.parameters.values() if p.kind is p.POSITIONAL_ONLY
+        )
+        self._warned: set[str] = set()
+        self._warn_lock = threading.Lock()
+
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        with self._warn_lock:
+            if key in self._warned:
+                return
+            self._warned.add(key)
+        log.warning(message, *args)
+
+    def templates(self, control: Control) -> tuple[str | None, str | None]:
+        """The decorator's templates win; a differing policy template is warned about once."""
+        policy = control.policy
+        chosen = []
+        for what, mine, theirs in (
+            ("effect", self.effect, policy.effect_template(self.name)),
+            ("resource", self.resource, policy.resource_template(self.name)),
+        ):
+            if mine is not None and theirs is not None and mine != theirs:
+                self.warn_once(
+                    what,
+                    "action %r: @protect(%s=%r) differs from the policy's %s: %r; using the decorator's",
+                    self.name, what, mine, what, theirs,
+                )  # fmt: skip
+            chosen.append(mine if mine is not None else theirs)
+        return chosen[0], chosen[1]
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """Principal, bound arguments, resource, the Action and its effect key."""
+        control = self.control
+        if control is None and _ambient.current_hint() is None:
+            log.warning("action %r called outside ctrlrun.context(); denied", self.name)
+            raise ActionDenied(
+                f"action {self.name!r} denied: no principal; call it inside "
+                "ctrlrun.context(agent=...)",
+                reason="no_principal",
+                action_id=None,
+            )
+        if control is None:
+            control = default_control()
+        principal = control.resolve_principal(self.name)
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        effect, resource_template = self.templates(control)
+        resource = None
+        if resource_template is not None:
+            resource = render_resource(resource_template, arguments)
+        action = Action(self.name, arguments, principal, resource, environment=control.environment)
+        effect_key = None
+        if effect is not None:
+            try:
+                effect_key = render_effect_key(effect, action.canonical_arguments, action.resource)
+            except EffectKeyError as exc:
+                control.record_effect_key_error(action, exc)
+                raise
+        elif self.reconcile is not None:
+            self.warn_once("reconcile", "action %r has a reconcile hook but no effect key; "
+                           "the hook is never called", self.name)  # fmt: skip
+        task = render_resource(self.task, arguments) if self.task is not None else None
+        hop = render_resource(self.hop, arguments) if self.hop is not None else None
+        return _Call(control, action, effect_key, task, hop)
+
+    def executor(self, action: Action) -> Callable[[], Any]:
+        """Call the function with fresh canonical copies of the arguments, never the caller's."""
+
+        def run() -> Any:
+            arguments = action.canonical_arguments
+            positional = [arguments.pop(name) for name in self.positional_only]
+            return self.func(*positional, **arguments)
+
+        return run
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call = self.prepare(args, kwargs)
+        try:
+            return self.run(call)
+        except ApprovalRequired as required:
+            if not self.wait:
+                raise
+            call.control.approvals.wait(required.request_id, None)
+            with _ambient.with_approval(required.request_id):
+                return self.run(call)
+
+    def run(self, call: _Call) -> Any:
+        value, _ = call.control.run(
+            call.action,
+            self.executor(call.action),
+            call.effect_key,
+            lease=self.lease,
+            reconcile=self.reconcile,
+            reconcile_eagerly=self.reconcile_eagerly,
+            task=call.task,
+            hop=call.hop,
+            scope=self.scope,
+        )
+        return value
+
+
+def protect(
+    name: str,
+    *,
+    effect: str | None = None,
+    resource: str | None = None,
+    wait: bool = False,
+    lease: timedelta | None = None,
+    reconcile: Reconcile | None = None,
+    reconcile_eagerly: bool = False,
+    control: Control | None = None,
+    preconditions: Callable[[Action], Mapping[str, Any]] | None = None,
+    task: str | None = None,
+    hop: str | None = None,
+    scope: Callable[[Action], Mapping[str, Any]] | None = None,
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Protect a consequential function: policy, exact approvals, once-only effects, receipts."""
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgument(f"@protect needs a non-empty action name, got {name!r}")
+    for what, template in (("effect", effect), ("resource", resource), ("task", task), ("hop", hop)):
+        _check_template(name, what, template)
+    for what, value in (("reconcile", reconcile), ("preconditions", preconditions), ("scope", scope)):
+        if value is not None and not callable(value):
+            raise InvalidArgument(f"@protect({name!r}): {what}= must be callable")
+    if preconditions is not None:
+        raise InvalidArgument(
+            f"@protect({name!r}): preconditions= is not enforced by this version of ctrlrun; "
+            "remove it rather than run without it"
+        )
+    if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
+        raise InvalidArgument(f"@protect({name!r}): lease= must be a positive timedelta")
+    if not isinstance(reconcile_eagerly, bool):
+        raise InvalidArgument(f"@protect({name!r}): reconcile_eagerly= must be True or False")
+    if reconcile_eagerly and reconcile is None:
+        raise InvalidArgument(f"@protect({name!r}): reconcile_eagerly=True needs reconcile=")
+    if not isinstance(wait, bool):
+        raise InvalidArgument(f"@protect({name!r}): wait= must be True or False")
+    if control is not None and not isinstance(control, Control):
+        raise InvalidArgument(f"@protect({name!r}): control= must be a ctrlrun.Control")
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        signature = _check_function(name, func)
+        protected = _Protected(name, func, signature, effect, resource, wait, lease, reconcile,
+                               reconcile_eagerly, control, task, hop, scope)  # fmt: skip
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            return protected.call(args, kwargs)
+
+        wrapper.__ctrlrun__ = protected  # type: ignore[attr-defined]
+        return wrapper
+
+    return decorate

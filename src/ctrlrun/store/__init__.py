@@ -1,0 +1,35 @@
+"""State stores: the ``StateStore`` protocol, the in-memory store and the SQLite store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+
+from .._time import utc_now
+from ..errors import InvalidArgument
+from .base import StateStore
+from .memory import InMemoryStateStore
+from .sqlite import SQLiteStateStore
+
+__all__ = ["InMemoryStateStore", "SQLiteStateStore", "StateStore", "open_store_url"]
+
+
+def open_store_url(
+    url: str, *, clock: Callable[[], datetime] = utc_now, migrate: bool = True
+) -> StateStore:
+    """Open the store a URL names: ``sqlite://<path>`` (Postgres URLs are recognised, not built yet)."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidArgument(f"a store URL must be a non-empty string, got {url!r}")
+    if url.startswith("sqlite://"):
+        path = url[len("sqlite://") :]
+        if not path:
+            raise InvalidArgument(f"store URL {url!r} names no file: use sqlite://<path>")
+        return SQLiteStateStore(path, clock=clock, migrate=migrate)
+    if url.startswith(("postgresql://", "postgres://")):
+        raise InvalidArgument(
+            "the Postgres store is not built yet in this version of ctrlrun; "
+            "use a sqlite://<path> store URL"
+        )
+    raise InvalidArgument(
+        f"unsupported store URL {url!r}: use sqlite://<path> or postgresql://..."
+    )

@@ -1,0 +1,227 @@
+"""Rows in and out: how every store encodes records into column values and reads them back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from .._time import format_precise, parse_ts
+from ..action import action_from_dict, action_to_dict
+from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
+from ..effect import EffectRecord, EffectState
+from ..errors import InvalidArgument
+from ..receipt import Event, Receipt, UnreadableReceipt
+
+__all__ = [
+    "approval_from_row",
+    "approval_to_row",
+    "approvers_text",
+    "dumps",
+    "effect_from_row",
+    "effect_to_row",
+    "event_from_row",
+    "event_to_row",
+    "receipt_from_row",
+    "receipt_to_row",
+    "ts",
+]
+
+
+def ts(moment: datetime | None) -> str | None:
+    """A timestamp column value: full-precision UTC ISO text, which sorts like the time."""
+    return None if moment is None else format_precise(moment)
+
+
+def _time(text: str | None) -> datetime | None:
+    return None if text is None else parse_ts(text)
+
+
+def dumps(value: Any, what: str) -> str:
+    """Compact JSON text for a column; escapes non-ASCII only when UTF-8 cannot carry it."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{what} is not JSON-encodable: {exc}") from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return text
+
+
+def _text(value: str | None, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a string, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} holds a lone surrogate and cannot be stored") from None
+    return value
+
+
+def effect_to_row(record: EffectRecord) -> dict[str, Any]:
+    return {
+        "effect_key": _text(record.effect_key, "effect_key"),
+        "state": record.state.value,
+        "action_id": _text(record.action_id, "action_id"),
+        "attempt": record.attempt,
+        "lease_expires_at": ts(record.lease_expires_at),
+        "result_json": None if record.result is None else dumps(record.result, "result"),
+        "error": _text(record.error, "error"),
+        "created_at": ts(record.created_at),
+        "updated_at": ts(record.updated_at),
+        "resolved_by": _text(record.resolved_by, "resolved_by"),
+    }
+
+
+def effect_from_row(row: Mapping[str, Any]) -> EffectRecord:
+    result = row["result_json"]
+    return EffectRecord(
+        effect_key=row["effect_key"],
+        state=EffectState(row["state"]),
+        action_id=row["action_id"],
+        attempt=int(row["attempt"]),
+        created_at=parse_ts(row["created_at"]),
+        updated_at=parse_ts(row["updated_at"]),
+        lease_expires_at=_time(row["lease_expires_at"]),
+        result=None if result is None else json.loads(result),
+        error=row["error"],
+        resolved_by=row["resolved_by"],
+    )
+
+
+def approvers_text(approvers: tuple[VerifiedApprover, ...]) -> str:
+    """The ``approvers`` column value (deterministic, so it can be compared-and-set)."""
+    return dumps([a.to_dict() for a in approvers], "approvers")
+
+
+def approval_to_row(record: ApprovalRecord) -> dict[str, Any]:
+    request = record.request
+    return {
+        "approval_id": _text(request.request_id, "request_id"),
+        "action_hash": _text(request.action_hash, "action_hash"),
+        "status": record.status.value,
+        "action_json": dumps(action_to_dict(request.action), "action"),
+        "approver": _text(record.approver, "approver"),
+        "created_at": ts(request.created_at),
+        "granted_at": ts(record.granted_at),
+        "expires_at": ts(request.expires_at),
+        "consumed_at": ts(record.consumed_at),
+        "policy_hash_at_approval": _text(request.policy_hash, "policy_hash"),
+        "precondition_fingerprint": _text(
+            request.precondition_fingerprint, "precondition_fingerprint"
+        ),
+        "approvers": approvers_text(record.approvers),
+        "required_roles": dumps(list(request.required_roles), "required_roles"),
+        "approvals_required": request.approvals_required,
+    }
+
+
+def _json_list(text: Any, what: str, approval_id: str) -> list[Any]:
+    if text is None:
+        return []
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        value = None
+    if not isinstance(value, list):
+        raise InvalidArgument(
+            f"approval {approval_id}: the stored {what} column is corrupted ({text!r}); "
+            "the approval cannot be used"
+        )
+    return value
+
+
+def approval_from_row(row: Mapping[str, Any]) -> ApprovalRecord:
+    """Rebuild a record; a corrupted authority column refuses (fail closed) with ``InvalidArgument``."""
+    approval_id = row["approval_id"]
+    roles = _json_list(row["required_roles"], "required_roles", approval_id)
+    listed = _json_list(row["approvers"], "approvers", approval_id)
+    required = row["approvals_required"]
+    try:
+        action = action_from_dict(json.loads(row["action_json"]))
+        approvers = tuple(VerifiedApprover.from_dict(item) for item in listed)
+        request = ApprovalRequest(
+            request_id=approval_id,
+            action_hash=row["action_hash"],
+            action=action,
+            created_at=parse_ts(row["created_at"]),
+            expires_at=parse_ts(row["expires_at"]),
+            policy_hash=row["policy_hash_at_approval"],
+            precondition_fingerprint=row["precondition_fingerprint"],
+            required_roles=tuple(roles),
+            approvals_required=1 if required is None else required,
+        )
+        return ApprovalRecord(
+            request=request,
+            status=ApprovalStatus(row["status"]),
+            approver=row["approver"],
+            granted_at=_time(row["granted_at"]),
+            consumed_at=_time(row["consumed_at"]),
+            approvers=approvers,
+        )
+    except Exception as exc:
+        raise InvalidArgument(
+            f"approval {approval_id}: the stored record is unreadable ({exc}); "
+            "the approval cannot be used"
+        ) from None
+
+
+def event_to_row(event: Event) -> dict[str, Any]:
+    if not isinstance(event, Event):
+        raise InvalidArgument(f"expected an Event, got {event!r}")
+    return {
+        "ts": _text(event.ts, "event ts"),
+        "type": event.type.value,
+        "action_id": _text(event.action_id, "event action_id"),
+        "effect_key": _text(event.effect_key, "event effect_key"),
+        "approval_id": _text(event.approval_id, "event approval_id"),
+        "data_json": dumps(dict(event.data), f"{event.type.value} event data"),
+    }
+
+
+def event_from_row(row: Mapping[str, Any]) -> Event:
+    return Event(
+        type=row["type"],
+        ts=row["ts"],
+        action_id=row["action_id"],
+        effect_key=row["effect_key"],
+        approval_id=row["approval_id"],
+        data=json.loads(row["data_json"]),
+        event_id=int(row["event_id"]),
+    )
+
+
+def receipt_to_row(receipt: Receipt) -> dict[str, Any]:
+    """The row of a receipt already placed in the chain (``seq``, ``prev_hash``, ``hash`` set)."""
+    document = receipt.to_json()
+    _text(document, f"receipt {receipt.receipt_id}")
+    return {
+        "receipt_id": _text(receipt.receipt_id, "receipt_id"),
+        "action_id": receipt.action_id,
+        "effect_key": receipt.effect_key,
+        "result": receipt.result,
+        "json": document,
+        "ts": receipt.finished_at,
+        "seq": receipt.seq,
+        "prev_hash": receipt.prev_hash,
+        "hash": receipt.hash,
+    }
+
+
+def receipt_from_row(row: Mapping[str, Any]) -> Receipt | UnreadableReceipt:
+    """The stored receipt with its stored hash, or an ``UnreadableReceipt`` naming the row."""
+    try:
+        return Receipt.from_json(row["json"], hash=row["hash"])
+    except Exception as exc:
+        return UnreadableReceipt(
+            seq=row["seq"],
+            receipt_id=row["receipt_id"],
+            error=f"{type(exc).__name__}: {exc}",
+            hash=row["hash"],
+            raw=row["json"],
+        )

@@ -1,0 +1,194 @@
+"""``InMemoryStateStore``: the store rules over dicts, for tests and single-process experiments."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+from .._time import utc_now
+from ..approvals import ApprovalRecord, ApprovalStatus
+from ..effect import EffectRecord, EffectState
+from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
+from . import codec
+from .ops import KeptWrite, StoreOps, Tx
+
+__all__ = ["InMemoryStateStore"]
+
+T = TypeVar("T")
+Row = dict[str, Any]
+
+
+@dataclass
+class _Data:
+    effects: dict[str, Row] = field(default_factory=dict)
+    approvals: dict[str, Row] = field(default_factory=dict)
+    events: list[Row] = field(default_factory=list)
+    receipts: dict[str, Row] = field(default_factory=dict)
+    head: tuple[int, str] | None = (0, GENESIS_HASH)
+    next_event_id: int = 1
+
+
+class _MemoryTx:
+    """Row operations over the store's dicts; writes stay in an overlay until ``commit``."""
+
+    def __init__(self, data: _Data) -> None:
+        self._data = data
+        self._effects: dict[str, Row] = {}
+        self._approvals: dict[str, Row] = {}
+        self._events: list[Row] = []
+        self._receipts: dict[str, Row] = {}
+        self._head = data.head
+        self._next_event = data.next_event_id
+
+    def commit(self) -> None:
+        data = self._data
+        data.effects.update(self._effects)
+        data.approvals.update(self._approvals)
+        data.events.extend(self._events)
+        data.receipts.update(self._receipts)
+        data.head = self._head
+        data.next_event_id = self._next_event
+
+    # effects
+    def _effect_row(self, effect_key: str) -> Row | None:
+        return self._effects.get(effect_key, self._data.effects.get(effect_key))
+
+    def effect(self, effect_key: str) -> EffectRecord | None:
+        row = self._effect_row(effect_key)
+        return None if row is None else codec.effect_from_row(row)
+
+    def insert_effect(self, record: EffectRecord) -> bool:
+        if self._effect_row(record.effect_key) is not None:
+            return False
+        self._effects[record.effect_key] = codec.effect_to_row(record)
+        return True
+
+    def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
+        row = self._effect_row(expected.effect_key)
+        seen = (expected.state.value, expected.action_id, expected.attempt)
+        if row is None or (row["state"], row["action_id"], row["attempt"]) != seen:
+            return False
+        self._effects[expected.effect_key] = codec.effect_to_row(record)
+        return True
+
+    def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
+        rows = {**self._data.effects, **self._effects}.values()
+        chosen = [r for r in rows if state is None or r["state"] == state.value]
+        chosen.sort(key=lambda r: (r["created_at"], r["effect_key"]))
+        return [codec.effect_from_row(r) for r in chosen]
+
+    # approvals
+    def _approval_row(self, approval_id: str) -> Row | None:
+        return self._approvals.get(approval_id, self._data.approvals.get(approval_id))
+
+    def approval(self, approval_id: str) -> ApprovalRecord | None:
+        row = self._approval_row(approval_id)
+        return None if row is None else codec.approval_from_row(row)
+
+    def insert_approval(self, record: ApprovalRecord) -> bool:
+        if self._approval_row(record.approval_id) is not None:
+            return False
+        self._approvals[record.approval_id] = codec.approval_to_row(record)
+        return True
+
+    def update_approval(self, expected: ApprovalRecord, record: ApprovalRecord) -> bool:
+        row = self._approval_row(expected.approval_id)
+        seen = (expected.status.value, codec.approvers_text(expected.approvers))
+        if row is None or (row["status"], row["approvers"]) != seen:
+            return False
+        self._approvals[expected.approval_id] = codec.approval_to_row(record)
+        return True
+
+    def find_approvals(
+        self,
+        *,
+        action_hash: str | None = None,
+        status: ApprovalStatus | None = None,
+        valid_at: datetime | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+    ) -> list[ApprovalRecord]:
+        after = codec.ts(valid_at)
+        rows = [
+            r
+            for r in {**self._data.approvals, **self._approvals}.values()
+            if (action_hash is None or r["action_hash"] == action_hash)
+            and (status is None or r["status"] == status.value)
+            and (after is None or r["expires_at"] >= after)
+        ]
+        rows.sort(key=lambda r: (r["created_at"], r["approval_id"]), reverse=newest_first)
+        if limit is not None:
+            rows = rows[:limit]
+        return [codec.approval_from_row(r) for r in rows]
+
+    # events
+    def insert_event(self, event: Event) -> Event:
+        row = codec.event_to_row(event)
+        row["event_id"] = self._next_event
+        self._next_event += 1
+        self._events.append(row)
+        return codec.event_from_row(row)
+
+    def list_events(self) -> list[Event]:
+        return [codec.event_from_row(r) for r in [*self._data.events, *self._events]]
+
+    # receipts
+    def has_receipt(self, receipt_id: str) -> bool:
+        return receipt_id in self._receipts or receipt_id in self._data.receipts
+
+    def advance_head(self) -> tuple[int, str] | None:
+        if self._head is None:
+            return None
+        seq, previous = self._head
+        self._head = (seq + 1, previous)
+        return self._head
+
+    def insert_receipt(self, receipt: Receipt) -> bool:
+        if self.has_receipt(receipt.receipt_id):
+            return False
+        self._receipts[receipt.receipt_id] = codec.receipt_to_row(receipt)
+        return True
+
+    def set_head_hash(self, hash: str) -> None:
+        assert self._head is not None
+        self._head = (self._head[0], hash)
+
+    def list_receipts(self) -> list[Receipt | UnreadableReceipt]:
+        rows = list({**self._data.receipts, **self._receipts}.values())
+        rows.sort(key=lambda r: (r["seq"] is not None, r["seq"] or 0, r["receipt_id"]))
+        return [codec.receipt_from_row(r) for r in rows]
+
+    def head(self) -> tuple[int, str] | None:
+        return self._head
+
+
+class InMemoryStateStore(StoreOps):
+    """All store rules over in-process dicts, one ``threading.Lock`` around each check-and-write.
+
+    It shares state only between threads of one process and keeps nothing: no cross-process
+    guarantee and no durability (everything is lost when the process ends).
+    """
+
+    def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
+        super().__init__(clock=clock)
+        self._lock = threading.Lock()
+        self._data = _Data()
+
+    def _write(self, operation: Callable[[Tx, datetime], T]) -> T:
+        with self._lock:
+            self._count()
+            tx = _MemoryTx(self._data)
+            try:
+                result = operation(tx, self._now())
+            except KeptWrite as kept:
+                tx.commit()
+                raise kept.error from None
+            tx.commit()
+            return result
+
+    def _read(self, operation: Callable[[Tx, datetime], T]) -> T:
+        with self._lock:
+            return operation(_MemoryTx(self._data), self._now())

@@ -1,0 +1,496 @@
+"""Every store operation written once over a small row interface (``Tx``); backends supply the rows."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from .._time import require_aware, utc_now
+from ..approvals import (
+    Approval,
+    ApprovalRecord,
+    ApprovalRequest,
+    ApprovalStatus,
+    VerifiedApprover,
+    apply_consume,
+    apply_deny,
+    apply_grant,
+    check_answerable,
+    check_consumable,
+)
+from ..effect import (
+    DEFAULT_LEASE,
+    EffectRecord,
+    EffectState,
+    Reservation,
+    check_begin,
+    check_commit,
+    check_extend_lease,
+    check_fail,
+    check_line_text,
+    check_mark_ambiguous,
+    check_reservation_args,
+    check_resolve,
+    plan_reservation,
+)
+from ..errors import ApprovalMismatch, CTRLRunError, DuplicateEffect, InvalidArgument
+from ..receipt import Event, Receipt, UnreadableReceipt
+
+__all__ = ["KeptWrite", "StoreOps", "Tx"]
+
+T = TypeVar("T")
+EventsFn = Callable[[Approval | None, Reservation | None], Sequence[Event]]
+_CONTENDED = 8
+
+
+class KeptWrite(Exception):
+    """Raised inside a write: commit what was written so far, then raise ``error``."""
+
+    def __init__(self, error: CTRLRunError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Tx(Protocol):
+    """The row operations a backend offers inside one transaction (or lock)."""
+
+    def effect(self, effect_key: str) -> EffectRecord | None: ...
+    def insert_effect(self, record: EffectRecord) -> bool: ...
+    def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool: ...
+    def list_effects(self, state: EffectState | None) -> list[EffectRecord]: ...
+    def approval(self, approval_id: str) -> ApprovalRecord | None: ...
+    def insert_approval(self, record: ApprovalRecord) -> bool: ...
+    def update_approval(self, expected: ApprovalRecord, record: ApprovalRecord) -> bool: ...
+    def find_approvals(
+        self,
+        *,
+        action_hash: str | None = None,
+        status: ApprovalStatus | None = None,
+        valid_at: datetime | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+    ) -> list[ApprovalRecord]: ...
+    def insert_event(self, event: Event) -> Event: ...
+    def list_events(self) -> list[Event]: ...
+    def has_receipt(self, receipt_id: str) -> bool: ...
+    def advance_head(self) -> tuple[int, str] | None: ...
+    def insert_receipt(self, receipt: Receipt) -> bool: ...
+    def set_head_hash(self, hash: str) -> None: ...
+    def list_receipts(self) -> list[Receipt | UnreadableReceipt]: ...
+    def head(self) -> tuple[int, str] | None: ...
+
+
+# --------------------------------------------------------------------------- shared steps
+
+
+def _reserve(
+    tx: Tx, effect_key: str, action_id: str, lease: timedelta, now: datetime, state: EffectState
+) -> Reservation:
+    for _ in range(2):
+        record = tx.effect(effect_key)
+        plan = plan_reservation(record, effect_key, action_id, lease, now, state=state)
+        if plan.kind == "refuse":
+            assert plan.error is not None
+            raise plan.error
+        if plan.kind == "keep_then_refuse":
+            assert plan.expected is not None and plan.write is not None and plan.error
+            if tx.update_effect(plan.expected, plan.write):
+                raise KeptWrite(plan.error)
+            continue
+        assert plan.write is not None
+        if plan.kind == "insert":
+            written = tx.insert_effect(plan.write)
+        else:
+            assert plan.expected is not None
+            written = tx.update_effect(plan.expected, plan.write)
+        if written:
+            return plan.reservation
+    raise DuplicateEffect(state="in_progress", effect_key=effect_key)
+
+
+def _transition(
+    tx: Tx, effect_key: str, decide: Callable[[EffectRecord | None], EffectRecord]
+) -> EffectRecord:
+    for _ in range(2):
+        record = tx.effect(effect_key)
+        updated = decide(record)
+        assert record is not None
+        if tx.update_effect(record, updated):
+            return updated
+    raise DuplicateEffect(state="in_progress", effect_key=effect_key)
+
+
+def _consumable(
+    tx: Tx, approval_id: str, action_hash: str, now: datetime, action_id: str | None
+) -> ApprovalRecord:
+    for _ in range(2):
+        record = tx.approval(approval_id)
+        kept = check_consumable(record, approval_id, action_hash, now, action_id=action_id)
+        if kept is None:
+            assert record is not None
+            return record
+        if tx.update_approval(kept.expected, kept.write):
+            raise KeptWrite(kept.error)
+    raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
+
+
+def _answer(
+    tx: Tx, approval_id: str, now: datetime, apply: Callable[[ApprovalRecord], ApprovalRecord]
+) -> ApprovalRecord:
+    for _ in range(_CONTENDED):
+        record = tx.approval(approval_id)
+        kept = check_answerable(record, approval_id, now)
+        if kept is not None:
+            if tx.update_approval(kept.expected, kept.write):
+                raise KeptWrite(kept.error)
+            continue
+        assert record is not None
+        updated = apply(record)
+        if tx.update_approval(record, updated):
+            return updated
+    raise CTRLRunError(f"approval {approval_id} is contended; try again")
+
+
+def _start(
+    tx: Tx,
+    now: datetime,
+    *,
+    action_id: str,
+    effect_key: str | None,
+    lease: timedelta,
+    approval_id: str | None,
+    action_hash: str | None,
+    state: EffectState,
+    events: EventsFn | None,
+) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
+    record = approval = reservation = None
+    if approval_id is not None:
+        record = _consumable(tx, approval_id, action_hash or "", now, action_id)
+        approval = record.as_approval()
+    if effect_key is not None:
+        reservation = _reserve(tx, effect_key, action_id, lease, now, state)
+    if record is not None and not tx.update_approval(record, apply_consume(record, now)):
+        raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
+    built = events(approval, reservation) if events is not None else ()
+    return approval, reservation, tuple(tx.insert_event(e) for e in built)
+
+
+def _put_receipt(tx: Tx, receipt: Receipt) -> Receipt:
+    if not isinstance(receipt, Receipt):
+        raise InvalidArgument(f"expected a Receipt, got {receipt!r}")
+    if not isinstance(receipt.receipt_id, str) or not receipt.receipt_id:
+        raise InvalidArgument(f"receipt_id must be a non-empty string, got {receipt.receipt_id!r}")
+    duplicate = InvalidArgument(
+        f"receipt {receipt.receipt_id} is already stored; a receipt is written once"
+    )
+    if tx.has_receipt(receipt.receipt_id):
+        raise duplicate
+    head = tx.advance_head()
+    if head is None:
+        raise InvalidArgument(
+            "the receipt chain head row is missing, so no receipt can be chained; "
+            "the store was altered (run `ctrlrun receipts --verify-chain`)"
+        )
+    placed = receipt.chained(*head)
+    if not tx.insert_receipt(placed):
+        raise duplicate
+    assert placed.hash is not None
+    tx.set_head_hash(placed.hash)
+    return placed
+
+
+def _record(
+    tx: Tx, events: Sequence[Event], receipt: Receipt | None
+) -> tuple[tuple[Event, ...], Receipt | None]:
+    stored = tuple(tx.insert_event(e) for e in events)
+    return stored, (None if receipt is None else _put_receipt(tx, receipt))
+
+
+def _check_id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _effect_state(state: Any) -> EffectState | None:
+    if state is None:
+        return None
+    try:
+        return EffectState(state)
+    except ValueError:
+        raise InvalidArgument(f"unknown effect state {state!r}") from None
+
+
+# --------------------------------------------------------------------------- the store API
+
+
+class StoreOps:
+    """The whole ``StateStore`` API over ``_write``/``_read``, which a backend implements."""
+
+    def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
+        if not callable(clock):
+            raise InvalidArgument(f"clock must be a callable returning a datetime, got {clock!r}")
+        self.clock = clock
+        self.transactions = 0
+        self._count_lock = threading.Lock()
+
+    def _now(self) -> datetime:
+        return require_aware(self.clock(), "the store clock's time")
+
+    def _count(self) -> None:
+        with self._count_lock:
+            self.transactions += 1
+
+    def _write(self, operation: Callable[[Tx, datetime], T]) -> T:  # pragma: no cover
+        raise NotImplementedError
+
+    def _read(self, operation: Callable[[Tx, datetime], T]) -> T:  # pragma: no cover
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections; a later call opens fresh ones."""
+
+    # -- effects
+
+    def reserve_effect(
+        self, effect_key: str, action_id: str, lease: timedelta = DEFAULT_LEASE
+    ) -> Reservation:
+        check_reservation_args(effect_key, action_id, lease)
+        return self._write(
+            lambda tx, now: _reserve(tx, effect_key, action_id, lease, now, EffectState.RESERVED)
+        )
+
+    def consume_approval_and_reserve(
+        self,
+        approval_id: str,
+        action_hash: str,
+        effect_key: str,
+        action_id: str,
+        lease: timedelta = DEFAULT_LEASE,
+    ) -> tuple[Approval, Reservation]:
+        _check_id(approval_id, "approval_id")
+        _check_id(action_hash, "action_hash")
+        check_reservation_args(effect_key, action_id, lease)
+        approval, reservation, _ = self._write(
+            lambda tx, now: _start(
+                tx, now, action_id=action_id, effect_key=effect_key, lease=lease,
+                approval_id=approval_id, action_hash=action_hash,
+                state=EffectState.RESERVED, events=None,
+            )
+        )  # fmt: skip
+        assert approval is not None and reservation is not None
+        return approval, reservation
+
+    def consume_approval(self, approval_id: str, action_hash: str) -> Approval:
+        _check_id(approval_id, "approval_id")
+        _check_id(action_hash, "action_hash")
+
+        def consume(tx: Tx, now: datetime) -> Approval:
+            record = _consumable(tx, approval_id, action_hash, now, None)
+            if not tx.update_approval(record, apply_consume(record, now)):
+                raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
+            return record.as_approval()
+
+        return self._write(consume)
+
+    def _move(self, effect_key: str, decide: Callable[..., EffectRecord]) -> EffectRecord:
+        return self._write(lambda tx, now: _transition(tx, effect_key, lambda r: decide(r, now)))
+
+    def begin_execution(self, effect_key: str, action_id: str) -> None:
+        self._move(effect_key, lambda r, now: check_begin(r, effect_key, action_id, now))
+
+    def commit_effect(self, effect_key: str, action_id: str, result: Any = None) -> None:
+        self._move(effect_key, lambda r, now: check_commit(r, effect_key, action_id, result, now))
+
+    def fail_effect(self, effect_key: str, action_id: str, error: str | None) -> None:
+        self._move(effect_key, lambda r, now: check_fail(r, effect_key, action_id, error, now))
+
+    def mark_ambiguous(self, effect_key: str, action_id: str, error: str | None) -> None:
+        self._move(
+            effect_key, lambda r, now: check_mark_ambiguous(r, effect_key, action_id, error, now)
+        )
+
+    def resolve_effect(self, effect_key: str, state: EffectState | str, resolver: str) -> EffectRecord:
+        check_line_text(resolver, "resolver")
+        return self._move(
+            effect_key, lambda r, now: check_resolve(r, effect_key, state, resolver, now)
+        )
+
+    def extend_lease(self, effect_key: str, action_id: str, until: datetime) -> None:
+        if not isinstance(until, datetime) or until.utcoffset() is None:
+            raise InvalidArgument(f"until must be a timezone-aware datetime, got {until!r}")
+        self._move(
+            effect_key, lambda r, now: check_extend_lease(r, effect_key, action_id, until, now)
+        )
+
+    def get_effect(self, effect_key: str) -> EffectRecord | None:
+        _check_id(effect_key, "effect_key")
+        return self._read(lambda tx, now: tx.effect(effect_key))
+
+    def list_effects(self, state: EffectState | str | None = None) -> tuple[EffectRecord, ...]:
+        wanted = _effect_state(state)
+        return tuple(self._read(lambda tx, now: tx.list_effects(wanted)))
+
+    # -- approvals
+
+    def put_approval_request(self, request: ApprovalRequest) -> None:
+        if not isinstance(request, ApprovalRequest):
+            raise InvalidArgument(f"expected an ApprovalRequest, got {request!r}")
+
+        def put(tx: Tx, now: datetime) -> None:
+            if not tx.insert_approval(ApprovalRecord(request)):
+                raise InvalidArgument(
+                    f"approval request {request.request_id} already exists; request ids are "
+                    "never reused"
+                )
+
+        self._write(put)
+
+    def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        _check_id(approval_id, "approval_id")
+        return self._read(lambda tx, now: tx.approval(approval_id))
+
+    def grant_approval(
+        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+    ) -> Approval | None:
+        _check_id(approval_id, "approval_id")
+        check_line_text(approver, "approver")
+        record = self._write(
+            lambda tx, now: _answer(
+                tx, approval_id, now, lambda r: apply_grant(r, approver, now, verified)
+            )
+        )
+        return record.as_approval() if record.status is ApprovalStatus.GRANTED else None
+
+    def deny_approval(
+        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+    ) -> None:
+        _check_id(approval_id, "approval_id")
+        check_line_text(approver, "approver")
+        self._write(
+            lambda tx, now: _answer(
+                tx, approval_id, now, lambda r: apply_deny(r, approver, now, verified)
+            )
+        )
+
+    def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]:
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidArgument(f"limit must be None or an int >= 0, got {limit!r}")
+        return tuple(
+            self._read(
+                lambda tx, now: tx.find_approvals(
+                    status=ApprovalStatus.PENDING, valid_at=now, limit=limit
+                )
+            )
+        )
+
+    def approvals_for(self, action_hash: str) -> tuple[ApprovalRecord, ...]:
+        _check_id(action_hash, "action_hash")
+        return tuple(self._read(lambda tx, now: tx.find_approvals(action_hash=action_hash)))
+
+    def _newest(self, action_hash: str, status: ApprovalStatus) -> ApprovalRecord | None:
+        _check_id(action_hash, "action_hash")
+        found = self._read(
+            lambda tx, now: tx.find_approvals(
+                action_hash=action_hash, status=status, valid_at=now, newest_first=True, limit=1
+            )
+        )
+        return found[0] if found else None
+
+    def find_granted_approval(self, action_hash: str) -> Approval | None:
+        record = self._newest(action_hash, ApprovalStatus.GRANTED)
+        return None if record is None else record.as_approval()
+
+    def find_denied_request(self, action_hash: str) -> ApprovalRequest | None:
+        record = self._newest(action_hash, ApprovalStatus.DENIED)
+        return None if record is None else record.request
+
+    # -- evidence
+
+    def append_event(self, event: Event) -> Event:
+        return self.record(events=(event,))[0][0]
+
+    def events(self) -> tuple[Event, ...]:
+        return tuple(self._read(lambda tx, now: tx.list_events()))
+
+    def put_receipt(self, receipt: Receipt) -> Receipt:
+        stored = self.record(receipt=receipt)[1]
+        assert stored is not None
+        return stored
+
+    def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]:
+        return tuple(self._read(lambda tx, now: tx.list_receipts()))
+
+    def chain_head(self) -> tuple[int, str] | None:
+        return self._read(lambda tx, now: tx.head())
+
+    # -- combined operations (one transaction each)
+
+    def start_attempt(
+        self,
+        *,
+        action_id: str,
+        effect_key: str | None,
+        lease: timedelta = DEFAULT_LEASE,
+        approval_id: str | None = None,
+        action_hash: str | None = None,
+        events: EventsFn | None = None,
+    ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
+        """Consume the approval, reserve the key straight into ``executing``, append the events."""
+        _check_id(action_id, "action_id")
+        if approval_id is not None:
+            _check_id(approval_id, "approval_id")
+            _check_id(action_hash, "action_hash")
+        if effect_key is not None:
+            check_reservation_args(effect_key, action_id, lease)
+        return self._write(
+            lambda tx, now: _start(
+                tx, now, action_id=action_id, effect_key=effect_key, lease=lease,
+                approval_id=approval_id, action_hash=action_hash,
+                state=EffectState.EXECUTING, events=events,
+            )
+        )  # fmt: skip
+
+    def finish_attempt(
+        self,
+        *,
+        effect_key: str | None,
+        action_id: str,
+        outcome: EffectState | str | None,
+        result: Any = None,
+        error: str | None = None,
+        events: Sequence[Event] = (),
+        receipt: Receipt | None = None,
+    ) -> tuple[tuple[Event, ...], Receipt | None]:
+        """Write the outcome, append the events and chain the receipt; a refused outcome writes nothing."""
+        _check_id(action_id, "action_id")
+        target = _effect_state(outcome)
+        checks = {
+            EffectState.COMMITTED: lambda r, now: check_commit(r, effect_key, action_id, result, now),
+            EffectState.FAILED: lambda r, now: check_fail(r, effect_key, action_id, error, now),
+            EffectState.AMBIGUOUS: lambda r, now: check_mark_ambiguous(
+                r, effect_key, action_id, error, now
+            ),
+        }
+        if (target is None) != (effect_key is None):
+            raise InvalidArgument("finish_attempt needs an outcome exactly when it has an effect key")
+        if target is not None and target not in checks:
+            raise InvalidArgument(f"an attempt finishes committed, failed or ambiguous, not {target}")
+        events = tuple(events)
+
+        def finish(tx: Tx, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:
+            if target is not None:
+                assert effect_key is not None
+                _transition(tx, effect_key, lambda r: checks[target](r, now))
+            return _record(tx, events, receipt)
+
+        return self._write(finish)
+
+    def record(
+        self, *, events: Sequence[Event] = (), receipt: Receipt | None = None
+    ) -> tuple[tuple[Event, ...], Receipt | None]:
+        """Append events and chain a receipt in one transaction."""
+        events = tuple(events)
+        return self._write(lambda tx, now: _record(tx, events, receipt))

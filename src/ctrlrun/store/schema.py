@@ -1,0 +1,254 @@
+"""The tables (one SQLAlchemy ``MetaData``), the recorded migrations, and how a database is classified."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+
+from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, inspect, text
+
+from .._time import format_precise, utc_now
+from ..errors import SchemaMismatch
+from ..receipt import GENESIS_HASH
+
+__all__ = [
+    "HEAD",
+    "MIGRATIONS",
+    "apply_migrations",
+    "approvals",
+    "classify",
+    "effects",
+    "events",
+    "metadata",
+    "read_schema",
+    "receipt_chain",
+    "receipts",
+    "running_version",
+    "schema_version",
+]
+
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("migration_id", Text, primary_key=True),
+    Column("applied_at", Text, nullable=False),
+    Column("ctrlrun_version", Text, nullable=False),
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("effect_key", Text, primary_key=True),
+    Column("state", Text, nullable=False),
+    Column("action_id", Text, nullable=False),
+    Column("attempt", Integer, nullable=False, default=1),
+    Column("lease_expires_at", Text),
+    Column("result_json", Text),
+    Column("error", Text),
+    Column("created_at", Text, nullable=False),
+    Column("updated_at", Text, nullable=False),
+    Column("resolved_by", Text),
+)
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", Text, primary_key=True),
+    Column("action_hash", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("action_json", Text, nullable=False),
+    Column("approver", Text),
+    Column("created_at", Text, nullable=False),
+    Column("granted_at", Text),
+    Column("expires_at", Text, nullable=False),
+    Column("consumed_at", Text),
+    Column("policy_hash_at_approval", Text),
+    Column("precondition_fingerprint", Text),
+    Column("approvers", Text),
+    Column("required_roles", Text),
+    Column("approvals_required", Integer),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("event_id", Integer, primary_key=True, autoincrement=True),
+    Column("ts", Text, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("action_id", Text),
+    Column("effect_key", Text),
+    Column("approval_id", Text),
+    Column("data_json", Text, nullable=False),
+)
+
+receipts = Table(
+    "receipts",
+    metadata,
+    Column("receipt_id", Text, primary_key=True),
+    Column("action_id", Text),
+    Column("effect_key", Text),
+    Column("result", Text),
+    Column("json", Text),
+    Column("ts", Text),
+    Column("seq", Integer, unique=True),
+    Column("prev_hash", Text),
+    Column("hash", Text),
+)
+
+receipt_chain = Table(
+    "receipt_chain",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("seq", Integer, nullable=False),
+    Column("hash", Text, nullable=False),
+)
+
+# Plain SQL per dialect, forward-only; ids sort in application order.
+_SCHEMA_VERSION_DDL = {
+    "sqlite": (
+        "CREATE TABLE schema_version (migration_id TEXT PRIMARY KEY, "
+        "applied_at TEXT NOT NULL, ctrlrun_version TEXT NOT NULL)"
+    ),
+}
+
+_0001_SQLITE = (
+    """CREATE TABLE effects (
+        effect_key TEXT PRIMARY KEY,
+        state TEXT NOT NULL,
+        action_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 1,
+        lease_expires_at TEXT,
+        result_json TEXT,
+        error TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        resolved_by TEXT)""",
+    "CREATE INDEX effects_state ON effects (state)",
+    """CREATE TABLE approvals (
+        approval_id TEXT PRIMARY KEY,
+        action_hash TEXT NOT NULL,
+        status TEXT NOT NULL,
+        action_json TEXT NOT NULL,
+        approver TEXT,
+        created_at TEXT NOT NULL,
+        granted_at TEXT,
+        expires_at TEXT NOT NULL,
+        consumed_at TEXT,
+        policy_hash_at_approval TEXT,
+        precondition_fingerprint TEXT,
+        approvers TEXT NOT NULL DEFAULT '[]',
+        required_roles TEXT NOT NULL DEFAULT '[]',
+        approvals_required INTEGER)""",
+    "CREATE INDEX approvals_action_hash ON approvals (action_hash)",
+    "CREATE INDEX approvals_status_expires ON approvals (status, expires_at)",
+    """CREATE TABLE events (
+        event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts TEXT NOT NULL,
+        type TEXT NOT NULL,
+        action_id TEXT,
+        effect_key TEXT,
+        approval_id TEXT,
+        data_json TEXT NOT NULL)""",
+    """CREATE TABLE receipts (
+        receipt_id TEXT PRIMARY KEY,
+        action_id TEXT,
+        effect_key TEXT,
+        result TEXT,
+        json TEXT,
+        ts TEXT,
+        seq INTEGER UNIQUE,
+        prev_hash TEXT,
+        hash TEXT)""",
+    """CREATE TABLE receipt_chain (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL,
+        hash TEXT NOT NULL)""",
+    f"INSERT INTO receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
+)
+
+_MIGRATION_SQL: dict[str, dict[str, tuple[str, ...]]] = {
+    "0001_initial": {"sqlite": _0001_SQLITE},
+}
+
+MIGRATIONS: tuple[str, ...] = ("0001_initial",)
+HEAD = MIGRATIONS[-1]
+
+
+def running_version() -> str:
+    """The version of this ctrlrun build, as stamped on the migrations it applies."""
+    try:
+        return version("ctrlrun")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def read_schema(conn: Connection) -> tuple[bool, dict[str, str], tuple[str, ...]]:
+    """``(has schema_version, {applied id: version stamped}, other table names)``; reads only."""
+    names = set(inspect(conn).get_table_names())
+    others = tuple(sorted(names - {"schema_version"}))
+    if "schema_version" not in names:
+        return False, {}, others
+    rows = conn.execute(text("SELECT migration_id, ctrlrun_version FROM schema_version"))
+    return True, {row[0]: row[1] for row in rows}, others
+
+
+def classify(
+    has_version_table: bool,
+    applied: Mapping[str, str],
+    other_tables: Sequence[str],
+    known: Sequence[str] = MIGRATIONS,
+) -> tuple[str, ...]:
+    """The migrations still to apply, in order; ``SchemaMismatch`` for a database we must not touch."""
+    running = running_version()
+    known = tuple(known)
+    recorded = tuple(sorted(applied))
+    if not has_version_table:
+        if not other_tables:
+            return known
+        raise SchemaMismatch(
+            f"the database has tables ({', '.join(other_tables)}) but no schema_version table: "
+            "it is not a ctrlrun store (or predates versioning); use a new path",
+            applied=(),
+            known=known,
+            running=running,
+        )
+    unknown = [m for m in recorded if m not in known]
+    if unknown:
+        stamped = ", ".join(f"{m} (written by ctrlrun {applied[m]})" for m in unknown)
+        raise SchemaMismatch(
+            f"the store has migrations this build does not know: {stamped}; this is ctrlrun "
+            f"{running}, which knows {list(known)}: upgrade ctrlrun to open it",
+            applied=recorded,
+            known=known,
+            running=running,
+        )
+    if recorded != known[: len(recorded)]:
+        missing = [m for m in known if m not in applied and m < recorded[-1]]
+        raise SchemaMismatch(
+            f"the store's migrations {list(recorded)} have a gap (missing {missing}); "
+            "restore it from a backup",
+            applied=recorded,
+            known=known,
+            running=running,
+        )
+    return known[len(recorded) :]
+
+
+def apply_migrations(conn: Connection, missing: Sequence[str], *, create_version_table: bool) -> None:
+    """Run each missing migration's DDL and its ``schema_version`` row, inside the caller's transaction."""
+    dialect = conn.dialect.name
+    stamp = running_version()
+    if create_version_table:
+        conn.exec_driver_sql(_SCHEMA_VERSION_DDL[dialect])
+    for migration_id in missing:
+        for statement in _MIGRATION_SQL[migration_id][dialect]:
+            conn.exec_driver_sql(statement)
+        conn.execute(
+            schema_version.insert().values(
+                migration_id=migration_id,
+                applied_at=format_precise(utc_now()),
+                ctrlrun_version=stamp,
+            )
+        )

@@ -1,0 +1,219 @@
+"""``SQLiteStateStore``: the default store, one file shared by the threads and processes of one host."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, create_engine, event
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from .._time import utc_now
+from ..errors import CTRLRunError, InvalidArgument, SchemaMismatch
+from .schema import HEAD, MIGRATIONS, apply_migrations, classify, read_schema, running_version
+from .sql import SQLStateStore
+
+__all__ = ["SQLiteStateStore"]
+
+_BUSY_SECONDS = 5.0
+_SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
+_MIN_SQLITE = (3, 35, 0)
+
+
+def _file_path(path: Any) -> Path:
+    try:
+        raw = os.fspath(path)
+    except TypeError:
+        raise InvalidArgument(f"the SQLite store path must be a str or PathLike, got {path!r}") from None
+    if not isinstance(raw, str):
+        raise InvalidArgument(f"the SQLite store path must be text, got {raw!r}")
+    if not raw.strip() or ":memory:" in raw or "mode=memory" in raw:
+        raise InvalidArgument(
+            f"{raw!r} names an in-memory SQLite database, which other processes cannot share; "
+            "give SQLiteStateStore a file path"
+        )
+    return Path(raw).expanduser().absolute()
+
+
+class SQLiteStateStore(SQLStateStore):
+    """The store in one SQLite file: WAL, ``BEGIN IMMEDIATE`` around every decide-and-write.
+
+    ``durability="full"`` (default) syncs every commit so a reservation survives power loss;
+    ``"normal"`` survives a process crash but may lose the last commits on power loss.
+    ``migrate=False`` opens an existing store at the current schema only, creating nothing.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: str = "full",
+        clock: Callable[[], datetime] = utc_now,
+        migrate: bool = True,
+    ) -> None:
+        self._path = _file_path(path)
+        if durability not in _SYNCHRONOUS:
+            raise InvalidArgument(f"durability must be 'full' or 'normal', got {durability!r}")
+        if sqlite3.sqlite_version_info < _MIN_SQLITE:
+            raise InvalidArgument(
+                f"ctrlrun needs SQLite >= 3.35 (UPDATE ... RETURNING); this Python links "
+                f"{sqlite3.sqlite_version}: upgrade Python or its SQLite"
+            )
+        self.durability = durability
+        if migrate:
+            try:
+                self._path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InvalidArgument(f"cannot create the directory of {self._path}: {exc}") from None
+            mode = "rwc"
+        else:
+            if not self._path.is_file():
+                raise InvalidArgument(
+                    f"no ctrlrun store at {self._path}; run a protected call first (it creates "
+                    "the store) or point CTRLRUN_STATE / CTRLRUN_STORE_URL at the right file"
+                )
+            mode = "rw"
+        self._uri = f"{self._path.as_uri()}?mode={mode}"
+        engine = create_engine("sqlite+pysqlite://", creator=self._connect, poolclass=NullPool)
+        event.listen(engine, "begin", self._on_begin)
+        super().__init__(engine, clock=clock)
+        try:
+            self._open(migrate)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    # -- connections and transactions
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._uri,
+            uri=True,
+            timeout=_BUSY_SECONDS,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        conn.execute(f"PRAGMA busy_timeout={int(_BUSY_SECONDS * 1000)}")
+        conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
+        return conn
+
+    @staticmethod
+    def _on_begin(conn: Connection) -> None:
+        if conn.info.get("ctrlrun_immediate"):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    def _begin_write(self, conn: Connection) -> Any:
+        conn.info["ctrlrun_immediate"] = True
+        try:
+            return conn.begin()
+        finally:
+            conn.info["ctrlrun_immediate"] = False
+
+    def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
+        message = str(getattr(exc, "orig", None) or exc)
+        lower = message.lower()
+        if "locked" in lower or "busy" in lower:
+            return CTRLRunError(
+                f"the SQLite store {self._path} is busy: another connection held its write lock "
+                f"for more than {_BUSY_SECONDS:g} s while {doing} ({message}); retry later"
+            )
+        if "not a database" in lower or "malformed" in lower or "encrypted" in lower:
+            return InvalidArgument(
+                f"{self._path} is not a SQLite database ({message}); point ctrlrun at its "
+                "state file or at a new path"
+            )
+        if "unable to open" in lower or "readonly" in lower or "read-only" in lower:
+            return InvalidArgument(
+                f"cannot write the SQLite store {self._path} ({message}); check the path "
+                "and its permissions"
+            )
+        if isinstance(exc, IntegrityError):
+            return InvalidArgument(f"the SQLite store {self._path} refused a row: {message}")
+        if isinstance(exc, UnicodeError):
+            return InvalidArgument(f"a value cannot be stored as UTF-8 text: {message}")
+        return CTRLRunError(f"the SQLite store {self._path} failed while {doing}: {message}")
+
+    # -- opening: classify the schema, then migrate (or refuse)
+
+    def _inspect(self) -> tuple[bool, dict[str, str], tuple[str, ...]]:
+        conn = self._conn()
+        try:
+            return read_schema(conn)
+        except SQLAlchemyError as exc:
+            raise self._driver_error(exc, "reading its schema") from None
+        finally:
+            conn.rollback()
+
+    def _open(self, migrate: bool) -> None:
+        has_table, applied, others = self._inspect()
+        missing = classify(has_table, applied, others)
+        if not missing:
+            return
+        if not migrate:
+            found = sorted(applied) or "no ctrlrun schema"
+            raise InvalidArgument(
+                f"the store {self._path} is at {found}, not at {HEAD}; this command never "
+                "creates or upgrades a store: run a protected call with this ctrlrun (it "
+                "migrates the store) or restore the right file"
+            )
+        self._ensure_wal()
+        self._migrate()
+
+    def _ensure_wal(self) -> None:
+        conn = self._conn()
+        deadline = time.monotonic() + _BUSY_SECONDS
+        try:
+            while True:
+                try:
+                    mode = conn.exec_driver_sql("PRAGMA journal_mode=WAL").scalar()
+                except SQLAlchemyError as exc:
+                    if "locked" not in str(exc).lower() and "busy" not in str(exc).lower():
+                        raise self._driver_error(exc, "switching to WAL") from None
+                    mode = None
+                if str(mode).lower() == "wal":
+                    return
+                if time.monotonic() > deadline:
+                    raise CTRLRunError(
+                        f"the SQLite store {self._path} could not switch to WAL mode within "
+                        f"{_BUSY_SECONDS:g} s (it reads {mode!r}); retry later"
+                    )
+                conn.rollback()
+                time.sleep(0.02)
+        finally:
+            conn.rollback()
+
+    def _migrate(self) -> None:
+        conn = self._conn()
+        try:
+            transaction = self._begin_write(conn)
+        except SQLAlchemyError as exc:
+            raise self._driver_error(exc, "locking it to migrate") from None
+        applied: dict[str, str] = {}
+        try:
+            has_table, applied, others = read_schema(conn)  # re-read under the write lock
+            missing = classify(has_table, applied, others)
+            apply_migrations(conn, missing, create_version_table=not has_table)
+            transaction.commit()
+        except SchemaMismatch:
+            self._rollback(transaction)
+            raise
+        except SQLAlchemyError as exc:
+            self._rollback(transaction)
+            raise SchemaMismatch(
+                f"migrating {self._path} failed and was rolled back, the database is unchanged: "
+                f"{getattr(exc, 'orig', exc)}",
+                applied=tuple(sorted(applied)),
+                known=MIGRATIONS,
+                running=running_version(),
+            ) from None
