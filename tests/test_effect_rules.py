@@ -1,11 +1,12 @@
-"""The pure rules: the reservation table, transition refusals, approval checks, and a property test."""
+"""The pure rules: reservation table, transition refusals, approval checks, a property test."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ctrlrun.action import Action, Principal
 from ctrlrun.approvals import (
@@ -253,7 +254,9 @@ def test_check_consumable_order():
         check_consumable(_record(ApprovalStatus.DENIED, action), "apr", action.action_hash, NOW)
     for status in ("pending", "consumed", "expired"):
         with pytest.raises(ApprovalMismatch) as refused:
-            check_consumable(_record(ApprovalStatus(status), action), "apr", action.action_hash, NOW)
+            check_consumable(
+                _record(ApprovalStatus(status), action), "apr", action.action_hash, NOW
+            )
         assert refused.value.reason == status
     late = granted.expires_at + TICK
     assert check_consumable(granted, "apr", action.action_hash, late).error.reason == "expired"

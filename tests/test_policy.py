@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import logging
 import os
@@ -87,7 +88,9 @@ def test_runtime_hash_substitutes_environment() -> None:
     staging = policy.runtime_hash("staging")
     assert staging != WORKED_HASH
     assert staging.startswith("sha256:") and len(staging) == 71
-    documented = load(WORKED_EXAMPLE.replace("ctrlrun.policy/v2", "ctrlrun.policy/v3") + "environment: staging\n")
+    documented = load(
+        WORKED_EXAMPLE.replace("ctrlrun.policy/v2", "ctrlrun.policy/v3") + "environment: staging\n"
+    )
     assert documented.environment == "staging"
     assert documented.runtime_hash() == documented.policy_hash
     assert documented.runtime_hash("staging") == documented.policy_hash
@@ -233,6 +236,21 @@ def test_from_file_unreadable(tmp_path: Path) -> None:
         path.chmod(0o600)
 
 
+def test_from_file_read_error_is_policy_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "denied.yaml"
+    path.write_text(SIMPLE, encoding="utf-8")
+
+    def deny(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", deny)
+    with pytest.raises(PolicyError, match="cannot be read") as info:
+        Policy.from_file(path)
+    assert str(path) in str(info.value)
+
+
 def test_from_file_bom_and_markers(tmp_path: Path) -> None:
     path = tmp_path / "bom.yaml"
     path.write_bytes(b"\xef\xbb\xbf---\n" + SIMPLE.encode() + b"...\n")
@@ -241,7 +259,9 @@ def test_from_file_bom_and_markers(tmp_path: Path) -> None:
 
 def test_from_file_error_names_path(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text("schema: ctrlrun.policy/v1\nactions:\n  a: {decision: maybe}\n", encoding="utf-8")
+    path.write_text(
+        "schema: ctrlrun.policy/v1\nactions:\n  a: {decision: maybe}\n", encoding="utf-8"
+    )
     with pytest.raises(PolicyError) as info:
         Policy.from_file(path)
     assert str(info.value).startswith(f"{path}: ")
@@ -257,7 +277,11 @@ def test_duplicate_key_names_key_and_line() -> None:
 
 
 def test_duplicate_top_level_key() -> None:
-    refused("schema: ctrlrun.policy/v1\nschema: ctrlrun.policy/v2\nactions: {}\n", "not valid YAML", "'schema'")
+    refused(
+        "schema: ctrlrun.policy/v1\nschema: ctrlrun.policy/v2\nactions: {}\n",
+        "not valid YAML",
+        "'schema'",
+    )
 
 
 def test_duplicate_key_inside_operand_mapping() -> None:
@@ -301,7 +325,9 @@ def test_alias_bomb_refused() -> None:
 
 def test_anchors_expand_into_the_hash() -> None:
     aliased = "schema: ctrlrun.policy/v1\nactions:\n  a: &e {decision: allow}\n  b: *e\n"
-    spelled = "schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow}\n  b: {decision: allow}\n"
+    spelled = (
+        "schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow}\n  b: {decision: allow}\n"
+    )
     assert load(aliased).policy_hash == load(spelled).policy_hash
 
 
@@ -325,7 +351,9 @@ actions:
       - when: { amount_lte: 500.0 }
         decision: approve
 """
-    message = refused(text, "action 'stripe.refund'", "rule[1]", "amount_lte", "float", "minor units")
+    message = refused(
+        text, "action 'stripe.refund'", "rule[1]", "amount_lte", "float", "minor units"
+    )
     assert "line 7" in message
 
 
@@ -341,8 +369,16 @@ def test_message_for_unknown_schema_lists_all() -> None:
 
 
 def test_gate_applies_even_to_null_value() -> None:
-    refused("schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow, effect: null}\n", "effect", "ctrlrun.policy/v2")
-    refused("schema: ctrlrun.policy/v2\nauthority: null\nactions: {}\n", "authority", "ctrlrun.policy/v3")
+    refused(
+        "schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow, effect: null}\n",
+        "effect",
+        "ctrlrun.policy/v2",
+    )
+    refused(
+        "schema: ctrlrun.policy/v2\nauthority: null\nactions: {}\n",
+        "authority",
+        "ctrlrun.policy/v3",
+    )
 
 
 def test_numeric_operand_message_mentions_minor_units() -> None:
@@ -374,7 +410,9 @@ def test_reserved_subject_message() -> None:
 def test_controls_below_v4_only_empty() -> None:
     ok = load("schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow, controls: []}\n")
     assert ok.evaluate(act("a")).controls == ()
-    refused("schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow, controls: [x]}\n", "'x'", "v4")
+    refused(
+        "schema: ctrlrun.policy/v1\nactions:\n  a: {decision: allow, controls: [x]}\n", "'x'", "v4"
+    )
 
 
 def test_controls_citations_rules() -> None:
@@ -383,9 +421,14 @@ def test_controls_citations_rules() -> None:
     refused(head + "actions:\n  x: {decision: allow, controls: ['']}\n", "control id")
     refused(head.replace("fin}", "' fin'}") + "actions: {}\n", "approver_role")
     refused(head.replace("B}", "'  '}") + "actions: {}\n", "title")
-    refused(head.replace("{title: B}", "{title: B, owner: me}") + "actions: {}\n", "unknown key 'owner'")
+    refused(
+        head.replace("{title: B}", "{title: B, owner: me}") + "actions: {}\n", "unknown key 'owner'"
+    )
     refused("schema: ctrlrun.policy/v4\ncontrols:\n  '\u200b': {title: T}\nactions: {}\n", "U+200B")
-    refused("schema: ctrlrun.policy/v4\ncontrols:\n  " + "c" * 201 + ": {title: T}\nactions: {}\n", "200")
+    refused(
+        "schema: ctrlrun.policy/v4\ncontrols:\n  " + "c" * 201 + ": {title: T}\nactions: {}\n",
+        "200",
+    )
     policy = load(
         head
         + "actions:\n  x:\n    controls: [a, a]\n    rules:\n      - {when: {n_gt: 1}, decision: approve, controls: [a, b]}\n      - {decision: allow}\n"
@@ -406,13 +449,25 @@ def test_data_labels() -> None:
     )
     assert dict(policy.data_labels("p")) == {"pid": "phi", "note": "internal"}
     assert dict(policy.data_labels("nope")) == {}
-    refused("schema: ctrlrun.policy/v4\nactions:\n  p:\n    data: {pid: {lbl: phi}}\n    decision: allow\n", "label")
-    refused("schema: ctrlrun.policy/v4\nactions:\n  p:\n    data: [pid]\n    decision: allow\n", "mapping")
-    refused("schema: ctrlrun.policy/v4\nactions:\n  p:\n    data: {pid: '  '}\n    decision: allow\n", "label")
+    refused(
+        "schema: ctrlrun.policy/v4\nactions:\n  p:\n    data: {pid: {lbl: phi}}\n    decision: allow\n",
+        "label",
+    )
+    refused(
+        "schema: ctrlrun.policy/v4\nactions:\n  p:\n    data: [pid]\n    decision: allow\n",
+        "mapping",
+    )
+    refused(
+        "schema: ctrlrun.policy/v4\nactions:\n  p:\n    data: {pid: '  '}\n    decision: allow\n",
+        "label",
+    )
 
 
 def test_data_scope_placeholder_in_resource_refused() -> None:
-    refused("schema: ctrlrun.policy/v2\nactions:\n  a: {decision: allow, resource: 'r:{data_scope}'}\n", "data_scope")
+    refused(
+        "schema: ctrlrun.policy/v2\nactions:\n  a: {decision: allow, resource: 'r:{data_scope}'}\n",
+        "data_scope",
+    )
 
 
 def test_reserved_change_action_templates_exempt() -> None:
@@ -421,7 +476,10 @@ def test_reserved_change_action_templates_exempt() -> None:
     )
     assert policy.effect_template("ctrlrun.policy.change") == "policy:{to}"
     assert policy.reachable_decisions("ctrlrun.policy.change") == {Decision.APPROVE}
-    refused("schema: ctrlrun.policy/v6\nactions:\n  a: {decision: allow, effect: 'x:ctrlrun.policy.change'}\n", "reserved")
+    refused(
+        "schema: ctrlrun.policy/v6\nactions:\n  a: {decision: allow, effect: 'x:ctrlrun.policy.change'}\n",
+        "reserved",
+    )
 
 
 def test_reachable_decisions() -> None:
@@ -490,7 +548,11 @@ actions:
     assert policy.max_attempts("a") == 3
     assert policy.approvals_required("a") == 2
     pin = policy.upstream_pin("a")
-    assert pin is not None and pin["tls_cert_sha256"] == (digest,) and pin["tool_schema_sha256"] == digest
+    assert (
+        pin is not None
+        and pin["tls_cert_sha256"] == (digest,)
+        and pin["tool_schema_sha256"] == digest
+    )
     assert policy.unenforced_features() == [
         "approvals_required: (a: 2)",
         "upstream: (a)",
@@ -505,8 +567,14 @@ def test_null_entry_keys_behave_as_absent() -> None:
     assert policy.effect_template("a") is None
     assert policy.upstream_pin("a") is None
     assert policy.unenforced_features() == []
-    refused("schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, max_attempts: null}\n", "max_attempts")
-    refused("schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, approvals_required: null}\n", "approvals_required")
+    refused(
+        "schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, max_attempts: null}\n",
+        "max_attempts",
+    )
+    refused(
+        "schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, approvals_required: null}\n",
+        "approvals_required",
+    )
 
 
 def test_authority_is_validated_and_unenforced() -> None:
@@ -532,13 +600,18 @@ actions:
     refused(text.replace("      tasks: [t1]\n", "      mode: observe\n"), "top-level")
     refused(text.replace("[stripe.refund]", "stripe.refund"), "actions")
     refused(text.replace("subject: {agent: support}", "subject: {agent: support, role: x}"), "role")
-    two = text.replace("actions:\n  stripe", "    - {id: g1, subject: {agent: a}, actions: [x]}\nactions:\n  stripe")
+    two = text.replace(
+        "actions:\n  stripe",
+        "    - {id: g1, subject: {agent: a}, actions: [x]}\nactions:\n  stripe",
+    )
     refused(two, "used twice")
 
 
 def test_upstream_certificate_files(tmp_path: Path) -> None:
     der = b"not really DER but bytes all the same"
-    pem = b"-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(der) + b"-----END CERTIFICATE-----\n"
+    pem = (
+        b"-----BEGIN CERTIFICATE-----\n" + base64.encodebytes(der) + b"-----END CERTIFICATE-----\n"
+    )
     (tmp_path / "cert.pem").write_bytes(pem)
     digest = "sha256:" + hashlib.sha256(der).hexdigest()
     other = "sha256:" + "c" * 64
@@ -557,8 +630,14 @@ def test_upstream_certificate_files(tmp_path: Path) -> None:
     path.write_text(text.replace("cert.pem", "missing.pem"), encoding="utf-8")
     with pytest.raises(PolicyError, match="cannot be read"):
         Policy.from_file(path)
-    refused("schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, upstream: {}}\n", "pins nothing")
-    refused("schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, upstream: {tool_schema_sha256: [x]}}\n", "digest")
+    refused(
+        "schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, upstream: {}}\n",
+        "pins nothing",
+    )
+    refused(
+        "schema: ctrlrun.policy/v8\nactions:\n  a: {decision: allow, upstream: {tool_schema_sha256: [x]}}\n",
+        "digest",
+    )
 
 
 # -- evaluation details -----------------------------------------------------------------------
@@ -583,7 +662,7 @@ def test_evaluate_never_raises_on_garbage() -> None:
         name = "stripe.refund"
 
         @property
-        def canonical_arguments(self) -> dict[str, object]:
+        def arguments(self) -> dict[str, object]:
             raise RuntimeError("boom")
 
     assert policy.evaluate(Weird()).decision is Decision.DENY
@@ -604,7 +683,9 @@ def test_warning_names_action_key_argument_and_carried(caplog: pytest.LogCapture
 
 
 def test_type_warning_does_not_log_the_value(caplog: pytest.LogCaptureFixture) -> None:
-    policy = load("schema: ctrlrun.policy/v1\nactions:\n  r:\n    rules: [{when: {card_lte: 5}, decision: allow}]\n")
+    policy = load(
+        "schema: ctrlrun.policy/v1\nactions:\n  r:\n    rules: [{when: {card_lte: 5}, decision: allow}]\n"
+    )
     with caplog.at_level(logging.WARNING, logger="ctrlrun.policy"):
         policy.evaluate(act("r", card="4242424242424242"))
     text = " ".join(r.getMessage() for r in caplog.records)
@@ -629,13 +710,33 @@ def test_data_scope_non_list_operand() -> None:
 
 
 def test_argument_named_data_scope_does_not_shadow_the_derived_set() -> None:
-    policy = load("schema: ctrlrun.policy/v1\nactions:\n  p:\n    rules: [{when: {data_scope_eq: []}, decision: allow}]\n")
+    policy = load(
+        "schema: ctrlrun.policy/v1\nactions:\n  p:\n    rules: [{when: {data_scope_eq: []}, decision: allow}]\n"
+    )
     assert policy.evaluate(act("p", data_scope=["x"])).decision is Decision.ALLOW
 
 
 def test_conditions_see_canonical_arguments() -> None:
-    policy = load("schema: ctrlrun.policy/v1\nactions:\n  p:\n    rules: [{when: {v_eq: [1, 2], m_eq: {k: [a]}}, decision: allow}]\n")
+    policy = load(
+        "schema: ctrlrun.policy/v1\nactions:\n  p:\n    rules: [{when: {v_eq: [1, 2], m_eq: {k: [a]}}, decision: allow}]\n"
+    )
     assert policy.evaluate(act("p", v=(1, 2), m={"k": ("a",)})).decision is Decision.ALLOW
+
+
+def test_enum_and_subclass_arguments_compare_as_their_canonical_values() -> None:
+    class Currency(enum.StrEnum):
+        EUR = "EUR"
+
+    class Cents(enum.IntEnum):
+        TEN = 10
+
+    policy = load(
+        "schema: ctrlrun.policy/v1\nactions:\n  p:\n    rules: [{when: {c_eq: EUR, n_lte: 10, l_eq: {a: [10, EUR]}}, decision: allow}]\n"
+    )
+    action = act("p", c=Currency.EUR, n=Cents.TEN, l={"a": (Cents.TEN, Currency.EUR)})
+    assert policy.evaluate(action).decision is Decision.ALLOW
+    canonical = Action("p", action.canonical_arguments, Principal("agent"))
+    assert policy.evaluate(canonical) == policy.evaluate(action)
 
 
 # -- templates --------------------------------------------------------------------------------
@@ -652,7 +753,21 @@ def test_parse_template() -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "{{id}}", "{id:>5}", "{a.b}", "{a[0]}", "{ id }", "{}", "{1st}", "{id", "id}", "}{", "{a{b}}", "{a-b}"],
+    [
+        "",
+        "{{id}}",
+        "{id:>5}",
+        "{a.b}",
+        "{a[0]}",
+        "{ id }",
+        "{}",
+        "{1st}",
+        "{id",
+        "id}",
+        "}{",
+        "{a{b}}",
+        "{a-b}",
+    ],
 )
 def test_parse_template_refusals(text: str) -> None:
     with pytest.raises(TemplateSyntaxError):
@@ -690,7 +805,9 @@ def test_render_effect_key() -> None:
         ("r:{{id}}", {"id": "x"}, None, "invalid"),
     ],
 )
-def test_render_effect_key_refusals(template: str, arguments: dict, resource: str | None, fragment: str) -> None:
+def test_render_effect_key_refusals(
+    template: str, arguments: dict, resource: str | None, fragment: str
+) -> None:
     with pytest.raises(EffectKeyError) as info:
         render_effect_key(template, arguments, resource)
     assert fragment in str(info.value)
@@ -698,7 +815,9 @@ def test_render_effect_key_refusals(template: str, arguments: dict, resource: st
 
 
 def test_render_resource() -> None:
-    assert render_resource("payment:{payment_id}", {"payment_id": "p1", "amount": 5}) == "payment:p1"
+    assert (
+        render_resource("payment:{payment_id}", {"payment_id": "p1", "amount": 5}) == "payment:p1"
+    )
     assert render_resource("n:{resource}", {"resource": 7}) == "n:7"
     with pytest.raises(InvalidArgument, match="payment_id"):
         render_resource("payment:{payment_id}", {"amount": 5})

@@ -24,7 +24,9 @@ from ctrlrun.policy import (
 )
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-DOC_SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+DOC_SETTINGS = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 # -- strategies -------------------------------------------------------------------------------
 
@@ -41,9 +43,7 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner, max_size=4)),
     max_leaves=12,
 )
 argument_names = st.sampled_from(["amount", "currency", "value", "meta", "tags", "flag"])
@@ -87,8 +87,16 @@ def conditions(draw: st.DrawFn) -> dict[str, Any]:
 
 
 _RESERVED = {
-    "action_id", "agent", "claims", "environment", "expires_at", "issuer", "principal",
-    "resource", "user", "data_scope",
+    "action_id",
+    "agent",
+    "claims",
+    "environment",
+    "expires_at",
+    "issuer",
+    "principal",
+    "resource",
+    "user",
+    "data_scope",
 }
 decisions = st.sampled_from(["allow", "approve", "deny"])
 
@@ -150,7 +158,9 @@ def _shuffled(value: Any, rng: random.Random) -> Any:
 
 
 def _dump(doc: dict[str, Any], flow: bool | None) -> str:
-    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=flow, allow_unicode=True, width=60)
+    return yaml.safe_dump(
+        doc, sort_keys=False, default_flow_style=flow, allow_unicode=True, width=60
+    )
 
 
 # -- hashing ----------------------------------------------------------------------------------
@@ -158,7 +168,9 @@ def _dump(doc: dict[str, Any], flow: bool | None) -> str:
 
 @DOC_SETTINGS
 @given(documents(), st.randoms(use_true_random=False), st.sampled_from([None, True, False]))
-def test_hash_ignores_key_order_and_style(doc: dict[str, Any], rng: random.Random, flow: bool | None) -> None:
+def test_hash_ignores_key_order_and_style(
+    doc: dict[str, Any], rng: random.Random, flow: bool | None
+) -> None:
     original = Policy.from_yaml(_dump(doc, False))
     assert original.policy_hash == _reference_hash(doc)
     reshaped = Policy.from_yaml("# reshaped\n" + _dump(_shuffled(doc, rng), flow))
@@ -176,7 +188,9 @@ def test_dump_and_reload_keeps_the_hash(doc: dict[str, Any]) -> None:
 
 @DOC_SETTINGS
 @given(documents(), st.lists(st.tuples(decisions, conditions()), min_size=2, max_size=4))
-def test_rule_order_changes_the_hash(doc: dict[str, Any], drawn: list[tuple[str, dict[str, Any]]]) -> None:
+def test_rule_order_changes_the_hash(
+    doc: dict[str, Any], drawn: list[tuple[str, dict[str, Any]]]
+) -> None:
     rules = [{"when": when, "decision": decision} for decision, when in drawn]
     assume(_tag(rules[0]) != _tag(rules[-1]))
     doc["actions"]["ordered.action"] = {"rules": rules}
@@ -210,16 +224,17 @@ def test_evaluate_never_raises(doc: dict[str, Any], data: st.DataObject) -> None
     assert evaluation.decision in set(Decision)
     assert evaluation.reason in REASONS or evaluation.reason.startswith("rule[")
     assert policy.evaluate(action) == evaluation
+    canonical = Action(name, action.canonical_arguments, Principal("agent"))
+    assert policy.evaluate(canonical) == evaluation
     if name == "not.declared":
-        assert evaluation == (Decision.DENY, "unknown_action", ()) or tuple(evaluation) == (
-            Decision.DENY,
-            "unknown_action",
-            (),
-        )
+        assert tuple(evaluation) == (Decision.DENY, "unknown_action", ())
 
 
 def _single(key: str, operand: Any) -> Policy:
-    doc = {"schema": "ctrlrun.policy/v1", "actions": {"a": {"rules": [{"when": {key: operand}, "decision": "allow"}]}}}
+    doc = {
+        "schema": "ctrlrun.policy/v1",
+        "actions": {"a": {"rules": [{"when": {key: operand}, "decision": "allow"}]}},
+    }
     return Policy.from_yaml(_dump(doc, None))
 
 
@@ -269,7 +284,11 @@ def test_numeric_operators_match_python_on_big_ints(op: str, bound: int, value: 
 
 
 @SETTINGS
-@given(identifiers.filter(lambda s: s not in _RESERVED), st.sampled_from(["eq", "neq", "lt", "in"]), arguments)
+@given(
+    identifiers.filter(lambda s: s not in _RESERVED),
+    st.sampled_from(["eq", "neq", "lt", "in"]),
+    arguments,
+)
 def test_absent_argument_never_holds(subject: str, op: str, args: dict[str, Any]) -> None:
     args.pop(subject, None)
     operand = 5 if op == "lt" else ([1] if op == "in" else 1)
@@ -280,7 +299,10 @@ def test_absent_argument_never_holds(subject: str, op: str, args: dict[str, Any]
 
 
 @SETTINGS
-@given(identifiers.filter(lambda s: s not in _RESERVED), st.sampled_from(["eq", "neq", "lt", "lte", "gt", "gte", "in"]))
+@given(
+    identifiers.filter(lambda s: s not in _RESERVED),
+    st.sampled_from(["eq", "neq", "lt", "lte", "gt", "gte", "in"]),
+)
 def test_last_suffix_is_the_operator(subject: str, op: str) -> None:
     operand = [1] if op == "in" else 1
     policy = _single(f"{subject}_{op}", operand)
@@ -320,7 +342,9 @@ def test_template_round_trip(parts: list[Any]) -> None:
 @SETTINGS
 @given(values)
 def test_effect_key_value_rule(value: Any) -> None:
-    renders = (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool))
+    renders = (isinstance(value, str) and value != "") or (
+        isinstance(value, int) and not isinstance(value, bool)
+    )
     try:
         key = render_effect_key("k:{x}", {"x": value}, None)
     except EffectKeyError:

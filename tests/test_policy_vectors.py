@@ -53,7 +53,9 @@ def test_policy_vector(case: dict[str, Any], caplog: pytest.LogCaptureFixture) -
     caplog.clear()
     with caplog.at_level(logging.DEBUG, logger="ctrlrun.policy"):
         evaluation = policy.evaluate(action)
-    warnings = [r for r in caplog.records if r.name == "ctrlrun.policy" and r.levelno >= logging.WARNING]
+    warnings = [
+        r for r in caplog.records if r.name == "ctrlrun.policy" and r.levelno >= logging.WARNING
+    ]
 
     assert str(evaluation.decision) == expect
     if "reason" in case:

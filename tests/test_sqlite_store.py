@@ -1,4 +1,4 @@
-"""The SQLite store: schema versioning, the operator open path, bad files, pragmas, driver errors."""
+"""The SQLite store: schema versions, the operator open path, bad files, pragmas, driver errors."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_fresh_store_records_its_migrations(db, clock):
     SQLiteStateStore(db, clock=clock).close()
     with raw(db) as conn:
         rows = conn.execute("SELECT migration_id, applied_at, ctrlrun_version FROM schema_version")
-        (migration, applied_at, version), = rows.fetchall()
+        ((migration, applied_at, version),) = rows.fetchall()
         head = conn.execute("SELECT id, seq, hash FROM receipt_chain").fetchall()
     assert migration == HEAD == MIGRATIONS[-1] == "0001_initial" and applied_at and version
     assert head == [(1, 0, "sha256:" + "0" * 64)]
@@ -148,7 +148,8 @@ def test_corrupt_file_refused_clearly(db, clock, content, migrate):
 
 
 @pytest.mark.parametrize(
-    "path", [":memory:", "", " ", "file::memory:?cache=shared", "file:x.db?mode=memory&cache=shared"]
+    "path",
+    [":memory:", "", " ", "file::memory:?cache=shared", "file:x.db?mode=memory&cache=shared"],
 )
 def test_in_memory_paths_refused(path):
     with pytest.raises(InvalidArgument):
@@ -196,6 +197,18 @@ def test_durability_and_wal(db, clock, durability, level):
         assert check.execute("PRAGMA journal_mode").fetchone() == ("wal",)
 
 
+def test_open_restores_wal_but_operator_path_does_not(db, clock):
+    SQLiteStateStore(db, clock=clock).close()
+    with raw(db) as conn:
+        conn.execute("PRAGMA journal_mode=DELETE")
+    SQLiteStateStore(db, clock=clock, migrate=False).close()
+    with raw(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    SQLiteStateStore(db, clock=clock).close()
+    with raw(db) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
 def test_default_durability_is_full(db, clock):
     store = SQLiteStateStore(db, clock=clock)
     assert store.durability == "full"
@@ -203,7 +216,7 @@ def test_default_durability_is_full(db, clock):
     store.close()
 
 
-# --------------------------------------------------------------------------- durability across reopen
+# --------------------------------------------------------------------------- reopen
 
 
 def test_reopen_keeps_everything(db, clock):
@@ -247,7 +260,11 @@ def test_unreadable_receipt_is_returned_not_raised(db, clock):
         conn.execute("UPDATE receipts SET json = '{not json' WHERE seq = 2")
     rows = store.receipts()
     assert isinstance(rows[1], UnreadableReceipt)
-    assert (rows[1].seq, rows[1].receipt_id, rows[1].hash) == (2, placed[1].receipt_id, placed[1].hash)
+    assert (rows[1].seq, rows[1].receipt_id, rows[1].hash) == (
+        2,
+        placed[1].receipt_id,
+        placed[1].hash,
+    )
     report = verify_chain(store)
     assert (report.breaks[0].name, report.breaks[0].seq) == ("content_altered", 2)
     store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -24,6 +25,7 @@ from ctrlrun.errors import (
     InvalidArgument,
 )
 from ctrlrun.receipt import GENESIS_HASH, Event, EventType, Receipt, verify_chain
+from ctrlrun.store import StateStore
 
 LEASE = timedelta(minutes=5)
 TICK = timedelta(microseconds=1)
@@ -733,7 +735,9 @@ def test_start_attempt_callback_failure_rolls_back(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.GRANTED
 
 
-@pytest.mark.parametrize("outcome", [EffectState.COMMITTED, EffectState.FAILED, EffectState.AMBIGUOUS])
+@pytest.mark.parametrize(
+    "outcome", [EffectState.COMMITTED, EffectState.FAILED, EffectState.AMBIGUOUS]
+)
 def test_finish_attempt_writes_all(store, outcome):
     store.start_attempt(action_id="a1", effect_key="k", lease=LEASE)
     before = store.transactions
@@ -799,7 +803,9 @@ def test_record_and_transaction_count(store):
     assert [e.event_id for e in stored] == [e.event_id for e in store.events()]
     assert receipt.seq == 1 and store.transactions == before + 1
     store.start_attempt(action_id="a1", effect_key="k", lease=LEASE)
-    store.finish_attempt(effect_key="k", action_id="a1", outcome="committed", receipt=make_receipt())
+    store.finish_attempt(
+        effect_key="k", action_id="a1", outcome="committed", receipt=make_receipt()
+    )
     assert store.transactions == before + 3
 
 
@@ -854,3 +860,31 @@ def test_scripted_provider(store, clock):
         provider.wait(third.request_id, None)
     with pytest.raises(InvalidArgument):
         ScriptedApprovalProvider(store, ["maybe"])
+
+
+# --------------------------------------------------------------------------- threads
+
+
+def test_threads_race_one_key_and_the_chain(store):
+    assert isinstance(store, StateStore)
+    barrier = threading.Barrier(8)
+    outcomes: list[str] = []
+
+    def run(worker: int) -> None:
+        barrier.wait(timeout=30)
+        try:
+            store.reserve_effect("race", f"act_{worker}")
+            outcomes.append("won")
+        except DuplicateEffect as exc:
+            outcomes.append(exc.state)
+        for n in range(3):
+            store.put_receipt(make_receipt(n))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["in_progress"] * 7 + ["won"]
+    assert [r.seq for r in store.receipts()] == list(range(1, 25))
+    assert verify_chain(store).ok

@@ -1,4 +1,4 @@
-"""Real OS processes racing one SQLite file: one winner per key, one consumer per approval, a gapless chain."""
+"""OS processes racing one SQLite file: one winner per key and per approval, a gapless chain."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def pool():
     spawn = multiprocessing.get_context("spawn")
     workers = spawn.Pool(PROCESSES, initializer=_init, initargs=(spawn.Barrier(PROCESSES),))
     yield workers
-    workers.close()
+    workers.terminate()  # idle by now
     workers.join()
 
 

@@ -1,4 +1,4 @@
-"""Approval requests and records, the pure answer/consume rules, and the shipped approval providers."""
+"""Approval requests and records, the pure answer/consume rules, and the shipped providers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ._time import format_precise, parse_ts, utc_now
 from .action import Action, new_id
-from .errors import ActionDenied, ApprovalMismatch, ApprovalTimeout, InvalidArgument
 from .effect import check_line_text
+from .errors import ActionDenied, ApprovalMismatch, ApprovalTimeout, InvalidArgument
 
 __all__ = [
     "DEFAULT_APPROVAL_TTL",
@@ -223,7 +223,7 @@ def build_request(
 
 @dataclass(frozen=True, slots=True)
 class ExpireThenRefuse:
-    """A kept write: store ``write`` (the record marked expired) in place of ``expected``, then raise."""
+    """A kept write: store ``write`` (marked expired) in place of ``expected``, then raise."""
 
     expected: ApprovalRecord
     write: ApprovalRecord
@@ -251,7 +251,7 @@ def _unknown(approval_id: str) -> ApprovalMismatch:
 def check_answerable(
     record: ApprovalRecord | None, approval_id: str, now: datetime
 ) -> ExpireThenRefuse | None:
-    """May ``record`` be granted or denied now? ``None`` = yes; raises, or returns the kept expiry."""
+    """May ``record`` be answered now? ``None`` = yes; raises, or returns the kept expiry."""
     if record is None:
         raise _unknown(approval_id)
     if record.status is not ApprovalStatus.PENDING:
@@ -412,7 +412,7 @@ class LocalApprovalProvider(_StoreProvider):
         self.sleep = sleep
 
     def wait(self, request_id: str, timeout: timedelta | float | None = None) -> Approval | None:
-        """The approval once granted, ``None`` once denied; ``ApprovalTimeout`` past the deadline."""
+        """The approval once granted, ``None`` once denied; ``ApprovalTimeout`` when too late."""
         limit = _as_timedelta(timeout, "timeout")
         deadline = None if limit is None else self.clock() + limit
         while True:

@@ -1,4 +1,4 @@
-"""Effect records and the pure rules that move them: every store calls these, none re-implements them."""
+"""Effect records and the pure rules that move them; every store calls these, none copies them."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class Reservation:
 
 @dataclass(frozen=True, slots=True)
 class ReservationPlan:
-    """What a reservation attempt must do: ``insert``, ``renew``, ``refuse`` or ``keep_then_refuse``.
+    """What a reservation must do: ``insert``, ``renew``, ``refuse`` or ``keep_then_refuse``.
 
     ``write`` is the record to write (``expected`` is the record it replaces, for compare-and-set);
     ``error`` is raised for ``refuse`` and, after committing ``write``, for ``keep_then_refuse``.
@@ -146,7 +146,7 @@ def plan_reservation(
     *,
     state: EffectState = EffectState.RESERVED,
 ) -> ReservationPlan:
-    """The reservation table as one function; ``state`` may be ``executing`` to reserve and begin at once."""
+    """The reservation table as one function; ``state=EXECUTING`` reserves and begins at once."""
     check_reservation_args(effect_key, action_id, lease)
     if state not in _LEASED:
         raise InvalidArgument(f"a reservation is written reserved or executing, not {state}")
@@ -258,7 +258,7 @@ def check_fail(
 def check_mark_ambiguous(
     record: EffectRecord | None, effect_key: str, action_id: str, error: Any, now: datetime
 ) -> EffectRecord:
-    """``reserved``/``executing``/``ambiguous`` under ``action_id`` → ``ambiguous`` with the error."""
+    """``reserved``/``executing``/``ambiguous`` of ``action_id`` → ``ambiguous`` with the error."""
     accepted = frozenset({EffectState.RESERVED, EffectState.EXECUTING, EffectState.AMBIGUOUS})
     held = _holder(record, effect_key, action_id, now, accepted, "mark ambiguous")
     return replace(

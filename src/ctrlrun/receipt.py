@@ -127,6 +127,9 @@ class Event:
         return cls.from_dict(json.loads(text))
 
 
+_NOT_STORED = -1
+
+
 @dataclass(frozen=True, slots=True)
 class Receipt:
     """The portable record of one finished attempt: 34 keys, in this order."""
@@ -167,6 +170,7 @@ class Receipt:
     schema: str = RECEIPT_SCHEMA
     hash: str | None = field(default=None, compare=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    stored_seq: int | None = field(default=_NOT_STORED, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The 34-key document in table order (the stored hash is never part of it)."""
@@ -196,8 +200,17 @@ class Receipt:
         return replace(placed, hash=placed.chain_hash())
 
     @classmethod
-    def from_dict(cls, document: Mapping[str, Any], *, hash: str | None = None) -> Receipt:
-        """Rebuild a receipt; extra keys are kept (the hash, not the parser, reports tampering)."""
+    def from_dict(
+        cls,
+        document: Mapping[str, Any],
+        *,
+        hash: str | None = None,
+        stored_seq: int | None = _NOT_STORED,
+    ) -> Receipt:
+        """Rebuild a receipt; extra keys are kept (the hash, not the parser, reports tampering).
+
+        A store passes ``stored_seq``, the row's own ``seq`` column, which the chain check walks by.
+        """
         values: dict[str, Any] = {}
         for name in _DOCUMENT_KEYS:
             if name in document:
@@ -208,11 +221,13 @@ class Receipt:
             if name in values:
                 values[name] = tuple(values[name] or ())
         values["extra"] = {k: v for k, v in document.items() if k not in _DOCUMENT_KEY_SET}
-        return cls(**values, hash=hash)
+        return cls(**values, hash=hash, stored_seq=stored_seq)
 
     @classmethod
-    def from_json(cls, text: str, *, hash: str | None = None) -> Receipt:
-        return cls.from_dict(json.loads(text), hash=hash)
+    def from_json(
+        cls, text: str, *, hash: str | None = None, stored_seq: int | None = _NOT_STORED
+    ) -> Receipt:
+        return cls.from_dict(json.loads(text), hash=hash, stored_seq=stored_seq)
 
 
 _DOCUMENT_KEYS = (
@@ -226,7 +241,7 @@ _DOCUMENT_KEYS = (
 _DOCUMENT_KEY_SET = frozenset(_DOCUMENT_KEYS)
 _OPTIONAL_KEYS = frozenset(
     f.name for f in fields(Receipt) if f.default is not f.default_factory
-) - {"hash", "extra"}
+) - {"hash", "extra", "stored_seq"}
 assert len(_DOCUMENT_KEYS) == 34
 
 
@@ -283,6 +298,13 @@ class ChainReport:
 _SENTINEL = "<unverifiable>"
 
 
+def _position(row: Receipt | UnreadableReceipt) -> int | None:
+    """Where a row sits in the chain: its stored ``seq`` column when it came from a store."""
+    if isinstance(row, Receipt) and row.stored_seq != _NOT_STORED:
+        return row.stored_seq
+    return row.seq
+
+
 def verify_chain(store: Any) -> ChainReport:
     """Walk the store's receipts by stored ``seq`` and name every break in the chain."""
     rows = list(store.receipts())
@@ -293,10 +315,10 @@ def verify_rows(
     rows: Iterable[Receipt | UnreadableReceipt], head: tuple[int, str] | None
 ) -> ChainReport:
     """The chain check over rows already read (ordered by their stored ``seq``)."""
-    rows = list(rows)
+    placed = [(_position(r), r) for r in rows]
     breaks: list[ChainBreak] = []
-    unchained = [r for r in rows if r.seq is None]
-    chained = sorted((r for r in rows if r.seq is not None), key=lambda r: r.seq)
+    unchained = [r for position, r in placed if position is None]
+    chained = sorted(((p, r) for p, r in placed if p is not None), key=lambda pr: pr[0])
     if unchained:
         breaks.append(
             ChainBreak("unchained", None, f"{len(unchained)} receipt(s) have no chain position")
@@ -304,48 +326,39 @@ def verify_rows(
     expected_seq, expected_prev = 1, GENESIS_HASH
     last_seq, last_hash = 0, GENESIS_HASH
     verified = 0
-    for row in chained:
+    for seq, row in chained:
         row_breaks: list[ChainBreak] = []
-        if row.seq != expected_seq:
-            if row.seq > expected_seq:
-                gap = (
-                    f"seq {expected_seq}"
-                    if row.seq == expected_seq + 1
-                    else f"seq {expected_seq}..{row.seq - 1}"
-                )
-                row_breaks.append(ChainBreak("missing", expected_seq, f"{gap} is not in the store"))
-            else:
-                row_breaks.append(
-                    ChainBreak("missing", expected_seq, f"seq {row.seq} appears out of order")
-                )
-            expected_seq = row.seq
+        if seq != expected_seq:
+            gap = f"seq {expected_seq}" if seq == expected_seq + 1 else f"seq {expected_seq}..{seq - 1}"
+            row_breaks.append(ChainBreak("missing", expected_seq, f"{gap} is not in the store"))
+            expected_seq = seq
         if isinstance(row, UnreadableReceipt):
             row_breaks.append(
-                ChainBreak("content_altered", row.seq, f"the stored receipt cannot be read: {row.error}")
+                ChainBreak("content_altered", seq, f"the stored receipt cannot be read: {row.error}")
             )
             breaks.extend(row_breaks)
             expected_prev = _SENTINEL
-            last_seq, last_hash = row.seq, _SENTINEL
+            last_seq, last_hash = seq, _SENTINEL
             expected_seq += 1
             continue
         try:
             recomputed = row.chain_hash()
         except Exception as exc:  # a document with no canonical form
             row_breaks.append(
-                ChainBreak("content_altered", row.seq, f"the receipt has no canonical form: {exc}")
+                ChainBreak("content_altered", seq, f"the receipt has no canonical form: {exc}")
             )
             breaks.extend(row_breaks)
             expected_prev = _SENTINEL
-            last_seq, last_hash = row.seq, _SENTINEL
+            last_seq, last_hash = seq, _SENTINEL
             expected_seq += 1
             continue
         if not row.hash:
-            row_breaks.append(ChainBreak("hash_missing", row.seq, "the stored hash is empty"))
+            row_breaks.append(ChainBreak("hash_missing", seq, "the stored hash is empty"))
         elif recomputed != row.hash:
             row_breaks.append(
                 ChainBreak(
                     "content_altered",
-                    row.seq,
+                    seq,
                     f"receipt {row.receipt_id} hashes to {recomputed}, stored {row.hash}",
                 )
             )
@@ -353,7 +366,7 @@ def verify_rows(
             row_breaks.append(
                 ChainBreak(
                     "link_broken",
-                    row.seq,
+                    seq,
                     f"receipt {row.receipt_id} points back to {row.prev_hash}, "
                     f"expected {expected_prev}",
                 )
@@ -362,7 +375,7 @@ def verify_rows(
             verified += 1
         breaks.extend(row_breaks)
         expected_prev = recomputed
-        last_seq, last_hash = row.seq, recomputed
+        last_seq, last_hash = seq, recomputed
         expected_seq += 1
     if head is None:
         breaks.append(ChainBreak("head_mismatch", None, "the chain head row is missing"))

@@ -27,9 +27,7 @@ _MODE_TOP = "mode is a top-level key only; move 'mode:' to the top of the docume
 
 def _text(ctx: LoadContext, where: str, key: str, value: Any, node: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ctx.error(
-            where, f"{key} must be a non-empty string, got {describe(value)}", node
-        )
+        raise ctx.error(where, f"{key} must be a non-empty string, got {describe(value)}", node)
     return value
 
 
@@ -67,10 +65,14 @@ def _grant(ctx: LoadContext, index: int, grant: Any, seen: set[str]) -> None:
     where = f"authority grant {grant_id!r}"
     subject = grant["subject"]
     if not isinstance(subject, dict):
-        raise ctx.error(where, f"subject must be a mapping {{agent, user}}, got {type_name(subject)}", grant)
+        raise ctx.error(
+            where, f"subject must be a mapping {{agent, user}}, got {type_name(subject)}", grant
+        )
     for key in subject:
         if key not in ("agent", "user"):
-            raise ctx.error(where, f"unknown subject key {key!r}; a subject takes agent, user", subject)
+            raise ctx.error(
+                where, f"unknown subject key {key!r}; a subject takes agent, user", subject
+            )
     if "agent" not in subject:
         raise ctx.error(where, "subject needs 'agent'", subject)
     _text(ctx, where, "subject agent", subject["agent"], subject)
@@ -82,20 +84,22 @@ def _grant(ctx: LoadContext, index: int, grant: Any, seen: set[str]) -> None:
     if "tasks" in grant:
         _text_list(ctx, where, "tasks", grant["tasks"], grant)
     if "delegable" in grant and not isinstance(grant["delegable"], bool):
-        raise ctx.error(where, f"delegable must be true or false, got {grant['delegable']!r}", grant)
+        raise ctx.error(
+            where, f"delegable must be true or false, got {grant['delegable']!r}", grant
+        )
     if "expires_at" in grant:
         value = grant["expires_at"]
         parsed = None
         if isinstance(value, str):
             try:
-                parsed = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+                parsed = _dt.datetime.fromisoformat(value)
             except ValueError:
                 parsed = None
         if parsed is None or parsed.utcoffset() is None:
             raise ctx.error(
                 where,
                 f"expires_at must be a quoted ISO 8601 timestamp with a timezone "
-                f"(\"2026-09-03T10:00:00Z\"), got {describe(value)}",
+                f'("2026-09-03T10:00:00Z"), got {describe(value)}',
                 grant,
             )
     if "constraints" in grant:
@@ -124,7 +128,9 @@ def validate_authority(ctx: LoadContext, value: Any) -> None:
         if key != "grants":
             raise ctx.error(where, f"unknown key {key!r}; authority takes only 'grants'", value)
     if "grants" not in value:
-        raise ctx.error(where, "authority needs 'grants' (a list); use 'authority: null' for none", value)
+        raise ctx.error(
+            where, "authority needs 'grants' (a list); use 'authority: null' for none", value
+        )
     grants = value["grants"]
     if not isinstance(grants, list):
         raise ctx.error(where, f"grants must be a list, got {type_name(grants)}", value)

@@ -172,12 +172,12 @@ def check_operand_value(value: Any, path: str = "operand") -> None:
     if isinstance(value, float):
         raise ConditionError(
             f"{path} {value!r} is a float; floats are refused, {_MINOR_UNITS}, "
-            "or quote a decimal string (\"20.00\")"
+            'or quote a decimal string ("20.00")'
         )
     if isinstance(value, (_dt.date, _dt.datetime)):
         raise ConditionError(
             f"{path} {value} is a YAML {type(value).__name__}, which an argument can never be; "
-            f"quote it (\"{value}\") to compare the string"
+            f'quote it ("{value}") to compare the string'
         )
     if type(value) is list:
         for index, item in enumerate(value):
@@ -203,14 +203,12 @@ def _check_operand(key: str, op: str, operand: Any) -> None:
     if op in NUMERIC_OPERATORS:
         if type(operand) is not int:
             raise ConditionError(
-                f"{key} needs an integer operand, got {describe(operand)}; "
-                f"{_MINOR_UNITS}"
+                f"{key} needs an integer operand, got {describe(operand)}; {_MINOR_UNITS}"
             )
     elif op == "in":
         if type(operand) is not list:
             raise ConditionError(
-                f"{key} needs a list operand (e.g. {key}: [a, b]), got "
-                f"{describe(operand)}"
+                f"{key} needs a list operand (e.g. {key}: [a, b]), got {describe(operand)}"
             )
     elif type(operand) is list and any(type(x) in (list, dict) for x in operand):
         raise ConditionError(

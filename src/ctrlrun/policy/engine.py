@@ -29,7 +29,7 @@ _UNKNOWN = Evaluation(Decision.DENY, "unknown_action", ())
 class _Compiled:
     """The hot-path form of one entry: precomputed evaluations and compiled rules."""
 
-    __slots__ = ("fixed", "rules", "no_match", "scope_labels")
+    __slots__ = ("fixed", "no_match", "rules", "scope_labels")
 
     def __init__(self, plan: EntryPlan, order: Mapping[str, int]) -> None:
         def ordered(*groups: tuple[str, ...]) -> tuple[str, ...]:
@@ -82,14 +82,14 @@ class Policy:
     """A validated policy document; ``evaluate`` decides actions and never raises."""
 
     __slots__ = (
-        "_source",
-        "_doc",
+        "_authority",
         "_compiled",
+        "_doc",
         "_hash_base",
         "_policy_hash",
-        "_runtime_hashes",
-        "_authority",
         "_registry_view",
+        "_runtime_hashes",
+        "_source",
     )
 
     def __init__(self, document: Document, source: str) -> None:
@@ -110,13 +110,12 @@ class Policy:
             self._policy_hash = self._hash_for(document.environment or DEFAULT_ENVIRONMENT)
         except CTRLRunError as exc:  # pragma: no cover - validation leaves only JSON values
             raise PolicyError(f"{source}: the policy cannot be hashed: {exc}") from None
-        self._authority = freeze(document.authority_raw) if document.authority_raw is not None else None
+        self._authority = (
+            freeze(document.authority_raw) if document.authority_raw is not None else None
+        )
         self._registry_view = (
             MappingProxyType(
-                {
-                    cid: MappingProxyType(c.model_dump())
-                    for cid, c in document.registry.items()
-                }
+                {cid: MappingProxyType(c.model_dump()) for cid, c in document.registry.items()}
             )
             if document.controls_raw is not None
             else None
@@ -168,7 +167,7 @@ class Policy:
         """Decide ``action`` from its name and (canonical forms of its) arguments; never raises."""
         try:
             name = action.name
-            entry = self._compiled.get(name) if type(name) is str else None
+            entry = self._compiled.get(name) if isinstance(name, str) else None
             if entry is None:
                 return _UNKNOWN
             if entry.fixed is not None:
@@ -179,6 +178,8 @@ class Policy:
             scope = None
             if entry.scope_labels is not None:
                 scope = frozenset(label for arg, label in entry.scope_labels if arg in args)
+            # Every condition of a consulted rule runs (no short cut), so each absent or
+            # mistyped argument it names is warned about, not only the first.
             for conditions, evaluation in entry.rules:
                 holds = True
                 for condition in conditions:

@@ -98,8 +98,7 @@ class _StrictLoader(yaml.SafeLoader):
         raise ConstructorError(
             None,
             None,
-            "a bare '=' is the YAML 1.1 value key, not text; quote it ('=') if you mean the "
-            "string",
+            "a bare '=' is the YAML 1.1 value key, not text; quote it ('=') if you mean the string",
             node.start_mark,
         )
 
@@ -192,7 +191,7 @@ def load_yaml(text: str | bytes, source: str) -> tuple[Any, dict[int, int]]:
         raise PolicyError(f"{source}: not valid YAML: {_describe_yaml_error(exc)}") from None
     except RecursionError:
         raise PolicyError(f"{source}: not valid YAML: the document is nested too deeply") from None
-    except Exception as exc:  # a converter refusing a scalar, e.g. the date 2026-99-99
+    except Exception as exc:  # noqa: BLE001 - a converter refusing a scalar
         raise PolicyError(
             f"{source}: not valid YAML: a value cannot be converted ({type(exc).__name__}: "
             f"{exc}); quote it if it is meant as text"

@@ -9,22 +9,22 @@ import os
 import re
 from typing import Any
 
-from .context import LoadContext, describe, type_name
+from .context import LoadContext, type_name
 from .model import UpstreamPin
 
 __all__ = ["DIGEST_PATTERN", "validate_upstream"]
 
 DIGEST_PATTERN = re.compile(r"sha256:[0-9a-f]{64}\Z")
-_PEM_CERT = re.compile(
-    r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.DOTALL
-)
+_PEM_CERT = re.compile(r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----", re.DOTALL)
 _KEYS = ("tls_cert_sha256", "tls_cert_file", "tool_schema_sha256")
 _DIGEST_FIX = "a digest is 'sha256:' followed by 64 lowercase hex characters"
 
 
 def _digest(ctx: LoadContext, where: str, key: str, value: Any, node: Any) -> str:
     if not isinstance(value, str) or not DIGEST_PATTERN.match(value):
-        raise ctx.error(where, f"{key} value {value!r} is not a certificate digest; {_DIGEST_FIX}", node)
+        raise ctx.error(
+            where, f"{key} value {value!r} is not a certificate digest; {_DIGEST_FIX}", node
+        )
     return value
 
 
@@ -92,8 +92,10 @@ def validate_upstream(ctx: LoadContext, where: str, value: Any) -> UpstreamPin:
                 raise ctx.error(
                     where, f"tls_cert_file value {item!r} must be a non-empty path string", value
                 )
-            path = item if os.path.isabs(item) or ctx.base_dir is None else os.path.join(
-                ctx.base_dir, item
+            path = (
+                item
+                if os.path.isabs(item) or ctx.base_dir is None
+                else os.path.join(ctx.base_dir, item)
             )
             found = _certificate_digests(ctx, where, path, value)
             if digests and found.isdisjoint(digests):

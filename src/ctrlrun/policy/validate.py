@@ -113,9 +113,7 @@ def _decision(ctx: LoadContext, where: str, value: Any, node: Any) -> Decision:
 def _nonblank(ctx: LoadContext, key: str, value: Any, node: Any) -> str:
     if not _label_text(value):
         hint = f' (quote it: "{value}")' if isinstance(value, (int, float)) else ""
-        raise ctx.error(
-            key, f"{key} must be a non-empty string, got {describe(value)}{hint}", node
-        )
+        raise ctx.error(key, f"{key} must be a non-empty string, got {describe(value)}{hint}", node)
     return value
 
 
@@ -135,7 +133,9 @@ def _control_id_problem(value: Any) -> str | None:
 def _registry(ctx: LoadContext, value: Any) -> dict[str, ControlDef]:
     where = "controls"
     if not isinstance(value, dict):
-        raise ctx.error(where, f"the control registry must be a mapping of id to entry, got {type_name(value)}")
+        raise ctx.error(
+            where, f"the control registry must be a mapping of id to entry, got {type_name(value)}"
+        )
     registry: dict[str, ControlDef] = {}
     for control_id, entry in value.items():
         problem = _control_id_problem(control_id)
@@ -143,7 +143,9 @@ def _registry(ctx: LoadContext, value: Any) -> dict[str, ControlDef]:
             raise ctx.error(where, f"control id {control_id!r} {problem}", value)
         here = f"control {control_id!r}"
         if not isinstance(entry, dict):
-            raise ctx.error(here, f"a control must be a mapping with 'title', got {type_name(entry)}", value)
+            raise ctx.error(
+                here, f"a control must be a mapping with 'title', got {type_name(entry)}", value
+            )
         for key in entry:
             if key not in CONTROL_KEYS:
                 raise ctx.error(
@@ -182,7 +184,9 @@ def _citations(
         return ()
     if not isinstance(value, list):
         raise ctx.error(
-            where, f"controls must be a list of control ids ([id, ...]), got {type_name(value)}", node
+            where,
+            f"controls must be a list of control ids ([id, ...]), got {type_name(value)}",
+            node,
         )
     cited: dict[str, None] = {}
     for item in value:
@@ -226,7 +230,9 @@ def _template(ctx: LoadContext, name: str, key: str, value: Any, entry: Any) -> 
 def _data(ctx: LoadContext, name: str, value: Any, entry: Any) -> dict[str, str]:
     where = f"action {name!r} data"
     if not isinstance(value, dict):
-        raise ctx.error(where, f"data must be a mapping of argument to label, got {type_name(value)}", entry)
+        raise ctx.error(
+            where, f"data must be a mapping of argument to label, got {type_name(value)}", entry
+        )
     labels: dict[str, str] = {}
     for arg, spec in value.items():
         if not _label_text(arg):
@@ -238,7 +244,9 @@ def _data(ctx: LoadContext, name: str, value: Any, entry: Any) -> dict[str, str]
         if isinstance(spec, dict):
             if "redact" in spec:
                 raise ctx.error(
-                    where, f"argument {arg!r}: 'redact' does not exist; labels only attribute", value
+                    where,
+                    f"argument {arg!r}: 'redact' does not exist; labels only attribute",
+                    value,
                 )
             extra = [k for k in spec if k != "label"]
             if extra or "label" not in spec:
@@ -304,21 +312,18 @@ def _rule(
     return RulePlan(tuple(conditions), decision, controls, uses_scope)
 
 
-def _entry(
-    ctx: LoadContext, name: Any, entry: Any, registry: dict[str, ControlDef]
-) -> EntryPlan:
+def _entry(ctx: LoadContext, name: Any, entry: Any, registry: dict[str, ControlDef]) -> EntryPlan:
     if not isinstance(name, str) or name == "":
         raise ctx.error(
             "actions",
             f"action name {describe(name)} is not a string; names must be non-empty strings "
-            "(quote keys such as \"yes\" or \"1\")",
+            '(quote keys such as "yes" or "1")',
         )
     where = f"action {name!r}"
     if not isinstance(entry, dict):
         raise ctx.error(
             where,
-            f"an action entry must be a mapping with 'decision' or 'rules', got "
-            f"{describe(entry)}",
+            f"an action entry must be a mapping with 'decision' or 'rules', got {describe(entry)}",
         )
     if "mode" in entry:
         raise ctx.error(where, _MODE_TOP, entry)
@@ -337,9 +342,7 @@ def _entry(
         )
     has_decision, has_rules = "decision" in entry, "rules" in entry
     if has_decision == has_rules:
-        raise ctx.error(
-            where, "an action entry needs exactly one of 'decision' and 'rules'", entry
-        )
+        raise ctx.error(where, "an action entry needs exactly one of 'decision' and 'rules'", entry)
     decision = None
     rules: tuple[RulePlan, ...] = ()
     if has_decision:
@@ -368,7 +371,9 @@ def _entry(
         for key in mcp:
             if key != "not_executed_on_error":
                 raise ctx.error(
-                    f"{where} mcp", f"unknown key {key!r}; mcp takes only not_executed_on_error", mcp
+                    f"{where} mcp",
+                    f"unknown key {key!r}; mcp takes only not_executed_on_error",
+                    mcp,
                 )
         if "not_executed_on_error" in mcp:
             flag = mcp["not_executed_on_error"]
@@ -439,7 +444,11 @@ def validate_document(ctx: LoadContext, doc: Any) -> Document:
             raise ctx.error(
                 "mode",
                 f"mode must be exactly 'enforce' or 'observe', got {describe(mode)}"
-                + (" (YAML reads an unquoted off/on/no/yes as a bool)" if isinstance(mode, bool) else ""),
+                + (
+                    " (YAML reads an unquoted off/on/no/yes as a bool)"
+                    if isinstance(mode, bool)
+                    else ""
+                ),
             )
     version = None
     if "version" in doc:

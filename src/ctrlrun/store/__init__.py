@@ -17,7 +17,7 @@ __all__ = ["InMemoryStateStore", "SQLiteStateStore", "StateStore", "open_store_u
 def open_store_url(
     url: str, *, clock: Callable[[], datetime] = utc_now, migrate: bool = True
 ) -> StateStore:
-    """Open the store a URL names: ``sqlite://<path>`` (Postgres URLs are recognised, not built yet)."""
+    """Open the store a URL names: ``sqlite://<path>`` (Postgres URLs: not built yet)."""
     if not isinstance(url, str) or not url.strip():
         raise InvalidArgument(f"a store URL must be a non-empty string, got {url!r}")
     if url.startswith("sqlite://"):
@@ -30,6 +30,4 @@ def open_store_url(
             "the Postgres store is not built yet in this version of ctrlrun; "
             "use a sqlite://<path> store URL"
         )
-    raise InvalidArgument(
-        f"unsupported store URL {url!r}: use sqlite://<path> or postgresql://..."
-    )
+    raise InvalidArgument(f"unsupported store URL {url!r}: use sqlite://<path> or postgresql://...")

@@ -15,7 +15,7 @@ __all__ = ["StateStore"]
 
 @runtime_checkable
 class StateStore(Protocol):
-    """Effects, approvals, events and the receipt chain; each write decides and writes atomically."""
+    """Effects, approvals, events and the receipt chain; each write decides and writes at once."""
 
     transactions: int
 
@@ -114,7 +114,7 @@ class StateStore(Protocol):
         events: Sequence[Event] = (),
         receipt: Receipt | None = None,
     ) -> tuple[tuple[Event, ...], Receipt | None]:
-        """Write the outcome, the events and the receipt together; a refused outcome writes nothing."""
+        """Write the outcome, events and receipt together; a refused outcome writes nothing."""
         ...
 
     def record(

@@ -137,7 +137,7 @@ def _json_list(text: Any, what: str, approval_id: str) -> list[Any]:
 
 
 def approval_from_row(row: Mapping[str, Any]) -> ApprovalRecord:
-    """Rebuild a record; a corrupted authority column refuses (fail closed) with ``InvalidArgument``."""
+    """Rebuild a record; a corrupted column refuses (fail closed) with ``InvalidArgument``."""
     approval_id = row["approval_id"]
     roles = _json_list(row["required_roles"], "required_roles", approval_id)
     listed = _json_list(row["approvers"], "approvers", approval_id)
@@ -216,7 +216,7 @@ def receipt_to_row(receipt: Receipt) -> dict[str, Any]:
 def receipt_from_row(row: Mapping[str, Any]) -> Receipt | UnreadableReceipt:
     """The stored receipt with its stored hash, or an ``UnreadableReceipt`` naming the row."""
     try:
-        return Receipt.from_json(row["json"], hash=row["hash"])
+        return Receipt.from_json(row["json"], hash=row["hash"], stored_seq=row["seq"])
     except Exception as exc:
         return UnreadableReceipt(
             seq=row["seq"],

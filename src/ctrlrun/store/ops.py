@@ -1,4 +1,4 @@
-"""Every store operation written once over a small row interface (``Tx``); backends supply the rows."""
+"""Every store operation, written once over a small row interface (``Tx``) backends supply."""
 
 from __future__ import annotations
 
@@ -312,7 +312,9 @@ class StoreOps:
             effect_key, lambda r, now: check_mark_ambiguous(r, effect_key, action_id, error, now)
         )
 
-    def resolve_effect(self, effect_key: str, state: EffectState | str, resolver: str) -> EffectRecord:
+    def resolve_effect(
+        self, effect_key: str, state: EffectState | str, resolver: str
+    ) -> EffectRecord:
         check_line_text(resolver, "resolver")
         return self._move(
             effect_key, lambda r, now: check_resolve(r, effect_key, state, resolver, now)
@@ -376,7 +378,9 @@ class StoreOps:
         )
 
     def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]:
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
             raise InvalidArgument(f"limit must be None or an int >= 0, got {limit!r}")
         return tuple(
             self._read(
@@ -464,20 +468,26 @@ class StoreOps:
         events: Sequence[Event] = (),
         receipt: Receipt | None = None,
     ) -> tuple[tuple[Event, ...], Receipt | None]:
-        """Write the outcome, append the events and chain the receipt; a refused outcome writes nothing."""
+        """Write the outcome, append events, chain the receipt; a refused outcome writes nothing."""
         _check_id(action_id, "action_id")
         target = _effect_state(outcome)
         checks = {
-            EffectState.COMMITTED: lambda r, now: check_commit(r, effect_key, action_id, result, now),
+            EffectState.COMMITTED: lambda r, now: check_commit(
+                r, effect_key, action_id, result, now
+            ),
             EffectState.FAILED: lambda r, now: check_fail(r, effect_key, action_id, error, now),
             EffectState.AMBIGUOUS: lambda r, now: check_mark_ambiguous(
                 r, effect_key, action_id, error, now
             ),
         }
         if (target is None) != (effect_key is None):
-            raise InvalidArgument("finish_attempt needs an outcome exactly when it has an effect key")
+            raise InvalidArgument(
+                "finish_attempt needs an outcome exactly when it has an effect key"
+            )
         if target is not None and target not in checks:
-            raise InvalidArgument(f"an attempt finishes committed, failed or ambiguous, not {target}")
+            raise InvalidArgument(
+                f"an attempt finishes committed, failed or ambiguous, not {target}"
+            )
         events = tuple(events)
 
         def finish(tx: Tx, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:

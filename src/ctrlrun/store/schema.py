@@ -1,4 +1,4 @@
-"""The tables (one SQLAlchemy ``MetaData``), the recorded migrations, and how a database is classified."""
+"""The tables (one SQLAlchemy ``MetaData``), the recorded migrations, and their classification."""
 
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ def classify(
     other_tables: Sequence[str],
     known: Sequence[str] = MIGRATIONS,
 ) -> tuple[str, ...]:
-    """The migrations still to apply, in order; ``SchemaMismatch`` for a database we must not touch."""
+    """The migrations still to apply, in order; ``SchemaMismatch`` for a database not to touch."""
     running = running_version()
     known = tuple(known)
     recorded = tuple(sorted(applied))
@@ -236,8 +236,10 @@ def classify(
     return known[len(recorded) :]
 
 
-def apply_migrations(conn: Connection, missing: Sequence[str], *, create_version_table: bool) -> None:
-    """Run each missing migration's DDL and its ``schema_version`` row, inside the caller's transaction."""
+def apply_migrations(
+    conn: Connection, missing: Sequence[str], *, create_version_table: bool
+) -> None:
+    """Run each missing migration's DDL and ``schema_version`` row in the caller's transaction."""
     dialect = conn.dialect.name
     stamp = running_version()
     if create_version_table:

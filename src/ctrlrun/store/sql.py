@@ -1,4 +1,4 @@
-"""The SQL store shared by dialects: SQLAlchemy Core, compare-and-set writes, one connection per thread."""
+"""The SQL store shared by dialects: SQLAlchemy Core, compare-and-set, a connection per thread."""
 
 from __future__ import annotations
 
@@ -46,9 +46,11 @@ class SQLTx:
 
     # effects
     def effect(self, effect_key: str) -> EffectRecord | None:
-        row = self.conn.execute(
-            select(effects).where(effects.c.effect_key == effect_key)
-        ).mappings().first()
+        row = (
+            self.conn.execute(select(effects).where(effects.c.effect_key == effect_key))
+            .mappings()
+            .first()
+        )
         return None if row is None else codec.effect_from_row(row)
 
     def insert_effect(self, record: EffectRecord) -> bool:
@@ -77,9 +79,11 @@ class SQLTx:
 
     # approvals
     def approval(self, approval_id: str) -> ApprovalRecord | None:
-        row = self.conn.execute(
-            select(approvals).where(approvals.c.approval_id == approval_id)
-        ).mappings().first()
+        row = (
+            self.conn.execute(select(approvals).where(approvals.c.approval_id == approval_id))
+            .mappings()
+            .first()
+        )
         return None if row is None else codec.approval_from_row(row)
 
     def insert_approval(self, record: ApprovalRecord) -> bool:
@@ -157,9 +161,7 @@ class SQLTx:
         self.conn.execute(update(receipt_chain).where(receipt_chain.c.id == 1).values(hash=hash))
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]:
-        query = select(receipts).order_by(
-            receipts.c.seq.asc().nulls_first(), receipts.c.receipt_id
-        )
+        query = select(receipts).order_by(receipts.c.seq.asc().nulls_first(), receipts.c.receipt_id)
         return [codec.receipt_from_row(r) for r in self.conn.execute(query).mappings()]
 
     def head(self) -> tuple[int, str] | None:
@@ -171,8 +173,8 @@ class SQLTx:
 class SQLStateStore(StoreOps):
     """The store over a SQLAlchemy engine: each write one transaction, each thread one connection.
 
-    A dialect subclass provides the engine, how a write transaction begins (``_begin_write``) and
-    how driver errors read (``_driver_error``).
+    A dialect subclass provides the engine, how a write transaction begins (``_begin_write``),
+    and how driver errors read (``_driver_error``, ``_commit_error``).
     """
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime]) -> None:
@@ -191,6 +193,12 @@ class SQLStateStore(StoreOps):
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         return CTRLRunError(f"the store failed while {doing}: {exc}")
+
+    def _commit_error(self, exc: BaseException) -> CTRLRunError:
+        return AmbiguousWrite(
+            f"the store's COMMIT failed and its outcome is unknown ({exc}); "
+            "nothing was run: check the effect before retrying"
+        )
 
     # -- connections
 
@@ -252,10 +260,7 @@ class SQLStateStore(StoreOps):
             transaction.commit()
         except (SQLAlchemyError, OSError) as exc:
             self._rollback(transaction)
-            raise AmbiguousWrite(
-                f"the store's COMMIT failed and its outcome is unknown ({exc}); "
-                "nothing was run — check the effect before retrying"
-            ) from None
+            raise self._commit_error(exc) from None
         if kept is not None:
             raise kept
         return result
@@ -271,5 +276,3 @@ class SQLStateStore(StoreOps):
                 conn.rollback()
             except Exception:
                 pass
-
-

@@ -1,4 +1,4 @@
-"""``SQLiteStateStore``: the default store, one file shared by the threads and processes of one host."""
+"""``SQLiteStateStore``: the default store, one file shared by the processes of one host."""
 
 from __future__ import annotations
 
@@ -30,7 +30,9 @@ def _file_path(path: Any) -> Path:
     try:
         raw = os.fspath(path)
     except TypeError:
-        raise InvalidArgument(f"the SQLite store path must be a str or PathLike, got {path!r}") from None
+        raise InvalidArgument(
+            f"the SQLite store path must be a str or PathLike, got {path!r}"
+        ) from None
     if not isinstance(raw, str):
         raise InvalidArgument(f"the SQLite store path must be text, got {raw!r}")
     if not raw.strip() or ":memory:" in raw or "mode=memory" in raw:
@@ -70,7 +72,9 @@ class SQLiteStateStore(SQLStateStore):
             try:
                 self._path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise InvalidArgument(f"cannot create the directory of {self._path}: {exc}") from None
+                raise InvalidArgument(
+                    f"cannot create the directory of {self._path}: {exc}"
+                ) from None
             mode = "rwc"
         else:
             if not self._path.is_file():
@@ -158,17 +162,18 @@ class SQLiteStateStore(SQLStateStore):
     def _open(self, migrate: bool) -> None:
         has_table, applied, others = self._inspect()
         missing = classify(has_table, applied, others)
-        if not missing:
-            return
         if not migrate:
-            found = sorted(applied) or "no ctrlrun schema"
-            raise InvalidArgument(
-                f"the store {self._path} is at {found}, not at {HEAD}; this command never "
-                "creates or upgrades a store: run a protected call with this ctrlrun (it "
-                "migrates the store) or restore the right file"
-            )
+            if missing:
+                found = sorted(applied) or "no ctrlrun schema"
+                raise InvalidArgument(
+                    f"the store {self._path} is at {found}, not at {HEAD}; this command never "
+                    "creates or upgrades a store: run a protected call with this ctrlrun (it "
+                    "migrates the store) or restore the right file"
+                )
+            return
         self._ensure_wal()
-        self._migrate()
+        if missing:
+            self._migrate()
 
     def _ensure_wal(self) -> None:
         conn = self._conn()

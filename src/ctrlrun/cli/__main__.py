@@ -1,0 +1,5 @@
+"""``python -m ctrlrun.cli``: the same as the ``ctrlrun`` script."""
+
+from . import main
+
+main()

@@ -1,0 +1,60 @@
+"""The ``ctrlrun`` click group: shared settings and one place that turns every error into ``Error: …``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import CTRLRunError
+from .commands_approvals import approve, deny, pending
+from .commands_effects import effects, resolve
+from .commands_policy import init, policy
+from .commands_receipts import receipts
+from .demo import demo
+from .stores import Settings
+from .text import safe
+
+__all__ = ["cli"]
+
+log = logging.getLogger("ctrlrun.cli")
+
+
+class CtrlrunGroup(click.Group):
+    """A group whose commands never show a traceback: refusals exit 1, usage errors exit 2."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.ClickException as exc:
+            exc.message = safe(exc.message)
+            raise
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:
+            exc.message = safe(exc.message)
+            raise
+        except CTRLRunError as exc:
+            log.debug("ctrlrun refused", exc_info=True)
+            raise click.ClickException(safe(str(exc) or type(exc).__name__)) from None
+        except Exception as exc:
+            log.debug("unexpected error in the ctrlrun command", exc_info=True)
+            raise click.ClickException(safe(f"unexpected {type(exc).__name__}: {exc}")) from None
+
+
+@click.group(cls=CtrlrunGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="ctrlrun", message="%(prog)s, version %(version)s")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """ctrlrun: answer approvals, settle unknown outcomes, read and verify receipts."""
+    ctx.ensure_object(Settings)
+
+
+for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy):
+    cli.add_command(_command)

@@ -1,0 +1,132 @@
+"""``approve``, ``deny`` and ``pending``: a human answers approval requests and lists open ones."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .._time import format_ts
+from ..action import canonical_bytes
+from ..approvals import ApprovalRecord, ApprovalStatus
+from ..errors import ApprovalMismatch, CTRLRunError
+from ..receipt import Event, EventType
+from .stores import Settings, open_operator_store, store_url_option
+from .text import compact_json, say, say_raw
+
+__all__ = ["approve", "deny", "pending"]
+
+CLI_ANSWERER = "cli:local"
+
+
+def _refusal(request_id: str, before: ApprovalRecord | None, exc: ApprovalMismatch) -> CTRLRunError:
+    """The operator's wording for a grant or deny the store refused."""
+    if exc.reason == "unknown":
+        return CTRLRunError(f"no approval request {request_id} (`ctrlrun pending` lists open requests)")
+    if exc.reason == "expired" and before is not None and before.status is ApprovalStatus.PENDING:
+        return CTRLRunError(
+            f"approval request {request_id} expired at {format_ts(before.expires_at)} before it "
+            "was answered; it is now marked expired and nothing was granted (the agent must ask again)"
+        )
+    return CTRLRunError(f"approval request {request_id} is already {exc.reason}; a request is answered once")
+
+
+def _record_event(store: Any, settings: Settings, record: ApprovalRecord | None, request_id: str,
+                  event_type: EventType, **data: Any) -> None:  # fmt: skip
+    """Append the operator's event; the answer itself is already stored."""
+    action_id = record.request.action.action_id if record is not None else None
+    event = Event(type=event_type, ts=format_ts(settings.clock()), action_id=action_id,
+                  approval_id=request_id, data=data)  # fmt: skip
+    try:
+        store.append_event(event)
+    except CTRLRunError as exc:
+        raise CTRLRunError(
+            f"the answer to {request_id} was recorded, but its {event_type.value} event was not: {exc}"
+        ) from None
+
+
+@click.command()
+@click.argument("request_id")
+@store_url_option
+@click.pass_obj
+def approve(settings: Settings, request_id: str, store_url: str | None) -> None:
+    """Grant a pending approval request (recorded as cli:local)."""
+    with open_operator_store(settings, store_url) as store:
+        before = store.get_approval(request_id)
+        try:
+            approval = store.grant_approval(request_id, CLI_ANSWERER)
+        except ApprovalMismatch as exc:
+            raise _refusal(request_id, before, exc) from None
+        record = store.get_approval(request_id) or before
+        if approval is None:  # a threshold of several approvers is not met yet
+            required = record.request.approvals_required if record is not None else "?"
+            count = len(record.approvers) if record is not None else "?"
+            say(f"recorded {request_id}: {count} of {required} approvals")
+            return
+        say(f"granted {request_id} for {approval.action_hash}")
+        say(f"expires {format_ts(approval.expires_at)}")
+        _record_event(store, settings, record, request_id, EventType.APPROVAL_GRANTED,
+                      approver=CLI_ANSWERER, action_hash=approval.action_hash)  # fmt: skip
+
+
+@click.command()
+@click.argument("request_id")
+@store_url_option
+@click.pass_obj
+def deny(settings: Settings, request_id: str, store_url: str | None) -> None:
+    """Refuse a pending approval request (recorded as cli:local)."""
+    with open_operator_store(settings, store_url) as store:
+        before = store.get_approval(request_id)
+        try:
+            store.deny_approval(request_id, CLI_ANSWERER)
+        except ApprovalMismatch as exc:
+            raise _refusal(request_id, before, exc) from None
+        say(f"denied {request_id}")
+        _record_event(store, settings, store.get_approval(request_id) or before, request_id,
+                      EventType.APPROVAL_DENIED, approver=CLI_ANSWERER)  # fmt: skip
+
+
+def _pending_document(record: ApprovalRecord) -> dict[str, Any]:
+    action = record.request.action
+    return {
+        "request_id": record.approval_id,
+        "action_id": action.action_id,
+        "action": action.name,
+        "action_hash": record.action_hash,
+        "arguments": action.canonical_arguments,
+        "resource": action.resource,
+        "environment": action.environment,
+        "principal": {"agent": action.principal.agent, "user": action.principal.user},
+        "created_at": format_ts(record.request.created_at),
+        "expires_at": format_ts(record.expires_at),
+    }
+
+
+def _pending_line(record: ApprovalRecord) -> str:
+    action = record.request.action
+    who = action.principal.agent
+    if action.principal.user is not None:
+        who += "/" + action.principal.user
+    arguments = canonical_bytes(action.canonical_arguments).decode("utf-8")
+    return (
+        f"{record.approval_id}  {action.name}  {who}  {record.action_hash}  "
+        f"expires {format_ts(record.expires_at)}  {arguments}"
+    )
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@store_url_option
+@click.pass_obj
+def pending(settings: Settings, as_json: bool, store_url: str | None) -> None:
+    """List approval requests waiting for a human, oldest first."""
+    with open_operator_store(settings, store_url) as store:
+        records = store.pending_approvals()
+    if not records:
+        say("no pending requests")
+        return
+    for record in records:
+        if as_json:
+            say_raw(compact_json(_pending_document(record)))
+        else:
+            say(_pending_line(record))

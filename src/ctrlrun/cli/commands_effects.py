@@ -1,0 +1,96 @@
+"""``resolve`` and ``effects``: a human settles an ambiguous effect, and lists effect records."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import click
+
+from .._time import format_ts
+from ..effect import EffectRecord, EffectState
+from ..errors import CTRLRunError, InvalidArgument
+from ..receipt import Event, EventType
+from .commands_approvals import CLI_ANSWERER
+from .stores import Settings, open_operator_store, store_url_option
+from .text import say
+
+__all__ = ["effects", "resolve"]
+
+
+@click.command()
+@click.argument("effect_key")
+@click.option("--committed", is_flag=True, help="The effect happened: a retry is a duplicate.")
+@click.option("--failed", is_flag=True, help="The effect provably did not happen: a retry may run.")
+@store_url_option
+@click.pass_obj
+def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
+            store_url: str | None) -> None:  # fmt: skip
+    """Settle an AMBIGUOUS effect as --committed or --failed (recorded as cli:local)."""
+    if committed == failed:
+        raise click.UsageError("give exactly one of --committed or --failed")
+    state = EffectState.COMMITTED if committed else EffectState.FAILED
+    with open_operator_store(settings, store_url) as store:
+        try:
+            record = store.resolve_effect(effect_key, state, CLI_ANSWERER)
+        except InvalidArgument as exc:
+            current = store.get_effect(effect_key)
+            if current is None:
+                raise CTRLRunError(
+                    f"no effect {effect_key} in this store (`ctrlrun effects` lists them); nothing changed"
+                ) from None
+            if current.state is not EffectState.AMBIGUOUS:
+                raise CTRLRunError(
+                    f"effect {effect_key} is {current.state}, not ambiguous: only an ambiguous "
+                    "effect is resolved; nothing changed"
+                ) from None
+            raise exc from None
+        say(f"{effect_key} resolved {state} by {CLI_ANSWERER}")
+        if state is EffectState.FAILED:
+            say("a retry of this effect is now permitted")
+        event = Event(
+            type=EventType.EFFECT_RESOLVED,
+            ts=format_ts(settings.clock()),
+            action_id=record.action_id,
+            effect_key=effect_key,
+            data={"state": state.value, "resolver": CLI_ANSWERER, "resolved_by": "human"},
+        )
+        try:
+            store.append_event(event)
+        except CTRLRunError as exc:
+            raise CTRLRunError(
+                f"{effect_key} was resolved, but its EFFECT_RESOLVED event was not recorded: {exc}"
+            ) from None
+
+
+def _lease_lapsed(record: EffectRecord, now: datetime) -> bool:
+    live_states = (EffectState.RESERVED, EffectState.EXECUTING)
+    return record.state in live_states and record.lease_expires_at is not None and now > record.lease_expires_at
+
+
+def _effect_line(record: EffectRecord, now: datetime) -> str:
+    line = (
+        f"{record.effect_key}  {record.state}  attempt {record.attempt}  "
+        f"{record.action_id}  {format_ts(record.updated_at)}"
+    )
+    if _lease_lapsed(record, now):
+        line += "  (lease expired)"
+    if record.resolved_by:
+        line += f"  resolved by {record.resolved_by}"
+    return line
+
+
+@click.command()
+@click.option("--state", "state", type=click.Choice([s.value for s in EffectState]),
+              help="Only effects in this state.")  # fmt: skip
+@store_url_option
+@click.pass_obj
+def effects(settings: Settings, state: str | None, store_url: str | None) -> None:
+    """List effect records in creation order."""
+    with open_operator_store(settings, store_url) as store:
+        records = () if state == EffectState.NEW.value else store.list_effects(state)
+    if not records:
+        say("no effects yet" if state is None else f"no effects are {state}")
+        return
+    now = settings.clock()
+    for record in records:
+        say(_effect_line(record, now))

@@ -1,0 +1,96 @@
+"""``receipts``: list the receipt chain, export it as JSON lines, or verify it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+
+from ..errors import CTRLRunError
+from ..receipt import ChainReport, Receipt, UnreadableReceipt, verify_chain
+from .stores import Settings, open_operator_store, store_url_option
+from .text import compact_json, say, say_raw
+
+__all__ = ["receipts"]
+
+
+def _error_type(error: str) -> str:
+    name = error.split(":", 1)[0].strip()
+    return name if name.isidentifier() else "Error"
+
+
+def _unreadable(seq: Any, receipt_id: Any, hash: Any, type_name: str) -> tuple[str, str]:
+    """The human line and the JSON line for a row that cannot be read."""
+    refusal = f"this row could not be read ({type_name})"
+    shown_seq = "-" if seq is None else seq
+    line = f"seq {shown_seq}  {receipt_id or '-'}  UNREADABLE  {refusal}"
+    document = {"seq": seq, "receipt_id": receipt_id, "refusal": refusal, "hash": hash}
+    return line, compact_json(document)
+
+
+def _receipt_line(receipt: Receipt) -> str:
+    principal = receipt.principal if isinstance(receipt.principal, Mapping) else {}
+    agent = principal.get("agent") or "-"
+    return (
+        f"{receipt.finished_at}  {receipt.receipt_id}  {receipt.action}  "
+        f"{receipt.decision}/{receipt.result}  {receipt.effect_key or '-'}  {agent}"
+    )
+
+
+def _render(row: Receipt | UnreadableReceipt, as_json: bool) -> str:
+    if isinstance(row, UnreadableReceipt):
+        human, document = _unreadable(row.seq, row.receipt_id, row.hash, _error_type(row.error))
+        return document if as_json else human
+    try:
+        return row.to_json() if as_json else _receipt_line(row)
+    except Exception as exc:  # a stored document that parses but cannot be rendered
+        human, document = _unreadable(row.seq, row.receipt_id, row.hash, type(exc).__name__)
+        return document if as_json else human
+
+
+def _print_report(report: ChainReport, as_json: bool) -> None:
+    if as_json:
+        say_raw(compact_json(report.to_dict()))
+    else:
+        say(f"chain: {report.verified} of {report.chained + report.unchained} receipts verified")
+        if report.unchained:
+            say(f"       {report.unchained} written before the chain existed (unchained)")
+        for chain_break in report.breaks:
+            where = "" if chain_break.seq is None else f" at seq {chain_break.seq}"
+            say(f"  {chain_break.name}{where}: {chain_break.detail}")
+        if report.ok:
+            say("the chain is intact")
+    if not report.ok:
+        count = len(report.breaks)
+        raise CTRLRunError(f"the receipt chain does not verify ({count} break{'s' * (count != 1)})")
+
+
+@click.command()
+@click.option("--last", type=click.IntRange(min=1), metavar="N", help="Only the last N receipts.")
+@click.option("--json", "as_json", is_flag=True, help="Each stored receipt document as one JSON line.")
+@click.option("--verify-chain", "check_chain", is_flag=True, help="Check the hash chain instead of listing.")
+@store_url_option
+@click.pass_obj
+def receipts(settings: Settings, last: int | None, as_json: bool, check_chain: bool,
+             store_url: str | None) -> None:  # fmt: skip
+    """Show receipts in chain order, or check the chain with --verify-chain."""
+    with open_operator_store(settings, store_url) as store:
+        if check_chain:
+            report = verify_chain(store)
+        else:
+            rows = store.receipts()
+    if check_chain:
+        _print_report(report, as_json)
+        return
+    if not rows:
+        say("no receipts yet")
+        return
+    if last is not None:
+        rows = rows[-last:]
+    for row in rows:
+        line = _render(row, as_json)
+        if as_json:
+            say_raw(line)
+        else:
+            say(line)

@@ -1,0 +1,82 @@
+"""Which store an operator command opens, and opening it without ever creating or migrating it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .._default import state_location
+from .._time import utc_now
+from ..errors import InvalidArgument
+from ..store import StateStore, open_store_url
+
+__all__ = ["Settings", "open_operator_store", "select_store_url", "store_url_option"]
+
+_SQLITE = "sqlite://"
+
+
+@dataclass
+class Settings:
+    """Per-invocation settings; tests pass their own (``obj=Settings(clock=...)``)."""
+
+    clock: Callable[[], datetime] = field(default=utc_now)
+
+
+def store_url_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The ``--store-url`` option every command that opens the operator's store takes."""
+    return click.option(
+        "--store-url",
+        metavar="URL",
+        default=None,
+        help="Store to use: sqlite://<path> (default: $CTRLRUN_STORE_URL, $CTRLRUN_STATE, "
+        "else .ctrlrun/state.db beside the policy).",
+    )(command)
+
+
+def select_store_url(option: str | None) -> str:
+    """``--store-url``, else ``$CTRLRUN_STORE_URL``, else ``$CTRLRUN_STATE``, else beside the policy."""
+    if option is not None:
+        if not option.strip():
+            raise InvalidArgument("--store-url is blank; give a store URL such as sqlite://<path>")
+        return option
+    return state_location()
+
+
+def _missing_database(url: str) -> InvalidArgument | None:
+    path = url[len(_SQLITE) :]
+    if not path or ":memory:" in path or "mode=memory" in path:
+        return None  # the store refuses these with its own message
+    file = Path(path).expanduser().absolute()
+    if not file.exists():
+        return InvalidArgument(
+            f"no database at '{file}': nothing has been recorded there yet, and this command "
+            "never creates a store; run a protected call first (it creates the store), or point "
+            "--store-url, CTRLRUN_STORE_URL or CTRLRUN_STATE at the right file"
+        )
+    if not file.is_file():
+        return InvalidArgument(
+            f"'{file}' is not a database file; point --store-url, CTRLRUN_STORE_URL or "
+            "CTRLRUN_STATE at the ctrlrun state file"
+        )
+    return None
+
+
+@contextmanager
+def open_operator_store(settings: Settings, option: str | None) -> Iterator[StateStore]:
+    """Open the selected store as it is (``migrate=False``) and close it afterwards."""
+    url = select_store_url(option)
+    if url.startswith(_SQLITE):
+        missing = _missing_database(url)
+        if missing is not None:
+            raise missing
+    store = open_store_url(url, clock=settings.clock, migrate=False)
+    try:
+        yield store
+    finally:
+        store.close()

@@ -1,0 +1,45 @@
+"""Safe printing: every human-readable line goes through ``safe`` so model-written text cannot forge or hide output."""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+import click
+
+__all__ = ["compact_json", "safe", "say", "say_raw"]
+
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _escape(char: str) -> str:
+    point = ord(char)
+    if point <= 0xFF:
+        return f"\\x{point:02x}"
+    if point <= 0xFFFF:
+        return f"\\u{point:04x}"
+    return f"\\U{point:08x}"
+
+
+def safe(value: Any) -> str:
+    """``value`` as text with every control, format and line/paragraph separator escaped (``\\x1b``, ``\\u202e``)."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():  # fast path: no hidden category can be present
+        return text
+    return "".join(_escape(c) if unicodedata.category(c) in _HIDDEN else c for c in text)
+
+
+def say(line: str = "", *, err: bool = False) -> None:
+    """Print one human-readable line, escaped."""
+    click.echo(safe(line), err=err)
+
+
+def say_raw(line: str) -> None:
+    """Print a machine-readable (JSON) line exactly as given (``color=True``: click strips nothing)."""
+    click.echo(line, color=True)
+
+
+def compact_json(value: Any) -> str:
+    """Compact JSON with non-ASCII as itself, the form ctrlrun stores documents in."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -1,0 +1,153 @@
+"""``ctrlrun demo``: four scenarios through the real library, exact lines, 7 receipts, 34 events."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from ctrlrun import SQLiteStateStore
+from ctrlrun.cli.demo_world import DEMO_FILES
+from ctrlrun.receipt import verify_chain
+
+from ._cli_helpers import invoke, tree, workdir  # noqa: F401
+
+HEADINGS = [
+    "1. Duplicate effect after a lost response",
+    "2. Approval mutation",
+    "3. Concurrent agents, same effect",
+    "4. Approval replay",
+]
+REFUSALS = [
+    "   ✗ BLOCKED — effect may already have committed; blind retry refused",
+    "   ✗ BLOCKED — approved action ≠ requested action (mismatch)",
+    "   ✗ BLOCKED — already reserved (in_progress)",
+    "   ✗ BLOCKED — single-use approval already consumed",
+]
+TRAILER = [
+    "",
+    "Receipts (7): .ctrlrun/demo/receipts.jsonl",
+    "Events:       .ctrlrun/demo/events.jsonl",
+    "",
+    "Read them:    CTRLRUN_STATE=.ctrlrun/demo/state.db ctrlrun receipts",
+]
+APR = r"apr_[0-9a-f]{32}"
+
+
+def _sections(lines):
+    """``{heading: body lines}`` for the scenario sections."""
+    found, current = {}, None
+    for line in lines:
+        if line in HEADINGS:
+            current = found.setdefault(line, [])
+        elif current is not None and line.startswith("   "):
+            current.append(line)
+    return found
+
+
+def test_demo_output(workdir):
+    result = invoke(["demo"])
+    assert result.code == 0, result.err
+    lines = result.lines
+    assert lines[0].startswith("CTRLRun demo — ") and "four" in lines[0]
+    assert lines[1].startswith("Policy: ")
+    assert [line for line in lines if re.match(r"^\d\. ", line)] == HEADINGS
+    for heading in HEADINGS:
+        at = lines.index(heading)
+        assert lines[at - 1] == "" and lines[at + 1] == ""
+    assert lines[-5:] == TRAILER
+    sections = _sections(lines[:-5])
+    for heading, refusal in zip(HEADINGS, REFUSALS, strict=True):
+        body = sections[heading]
+        assert [line for line in body if "✗" in line] == [refusal]
+        assert all(line.startswith("   ") for line in body)
+    one, two, _, four = (sections[h] for h in HEADINGS)
+    assert "   remote refund calls: 1" in one
+    assert "   only a human moves it on:  ctrlrun resolve refund:txn_1 --committed|--failed" in one
+    assert any(re.search(APR, line) for line in two)
+    assert any(re.fullmatch(rf"   approval {APR} used once  →  consumed", line) for line in four)
+    assert str(workdir) not in result.out  # relative paths only
+    assert "5. Authority escalation" not in result.out
+
+
+def test_demo_evidence(workdir):
+    assert invoke(["demo"]).code == 0
+    directory = workdir / ".ctrlrun" / "demo"
+    store = SQLiteStateStore(directory / "state.db", migrate=False)
+    try:
+        receipts = store.receipts()
+        events = store.events()
+        assert [(r.decision, r.result, r.effect_key, r.principal["agent"]) for r in receipts] == [
+            ("allow", "ambiguous", "refund:txn_1", "support-agent"),
+            ("allow", "blocked", "refund:txn_1", "support-agent"),
+            ("approve", "blocked", "refund:txn_2", "support-agent"),
+            ("allow", "blocked", "refund:txn_123", "agent-b"),
+            ("allow", "committed", "refund:txn_123", "agent-a"),
+            ("approve", "committed", "refund:txn_4", "support-agent"),
+            ("approve", "blocked", "refund:txn_4", "support-agent"),
+        ]
+        assert [r.seq for r in receipts] == list(range(1, 8))
+        assert verify_chain(store).ok
+        assert len(events) == 34
+        assert receipts[5].approver == "human:demo"
+        assert "mismatch" in receipts[2].error and "consumed" in receipts[6].error
+        assert not any(e.type in ("APPROVAL_GRANTED", "APPROVAL_DENIED") for e in events)
+        jsonl = (directory / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
+        assert jsonl == [r.to_json() for r in receipts]
+        assert len((directory / "events.jsonl").read_text(encoding="utf-8").splitlines()) == 34
+        assert [json.loads(line)["event_id"] for line in (directory / "events.jsonl").open()] == [
+            e.event_id for e in events
+        ]
+    finally:
+        store.close()
+
+
+def test_demo_can_be_read_with_the_cli(workdir, monkeypatch):
+    assert invoke(["demo"]).code == 0
+    monkeypatch.setenv("CTRLRUN_STATE", ".ctrlrun/demo/state.db")
+    assert len(invoke(["receipts"]).lines) == 7
+    assert invoke(["receipts", "--verify-chain"]).lines[0] == "chain: 7 of 7 receipts verified"
+    assert invoke(["effects", "--state", "ambiguous"]).out.startswith("refund:txn_1  ambiguous")
+
+
+def test_demo_repeats_and_deletes_only_its_own_files(workdir):
+    directory = workdir / ".ctrlrun" / "demo"
+    directory.mkdir(parents=True)
+    (directory / "notes.txt").write_text("keep me", encoding="utf-8")
+    (workdir / ".ctrlrun" / "state.db").write_text("the operator's store", encoding="utf-8")
+    for _ in range(2):
+        result = invoke(["demo"])
+        assert result.code == 0, result.err
+        assert "Receipts (7): " in result.out
+    assert (directory / "notes.txt").read_text(encoding="utf-8") == "keep me"
+    assert (workdir / ".ctrlrun" / "state.db").read_text(encoding="utf-8") == "the operator's store"
+    assert len((directory / "receipts.jsonl").read_text(encoding="utf-8").splitlines()) == 7
+    assert set(DEMO_FILES) >= {"state.db", "state.db-wal", "state.db-shm", "receipts.jsonl", "events.jsonl"}
+
+
+@pytest.mark.parametrize("value", ["", "elsewhere"])
+def test_demo_ignores_ctrlrun_variables(workdir, monkeypatch, value):
+    for name in ("CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_CONFIG", "CTRLRUN_ENVIRONMENT"):
+        monkeypatch.setenv(name, value and f"{value}/{name}")
+    result = invoke(["demo"])
+    assert result.code == 0, result.err
+    assert sorted(p for p in tree(workdir) if "/" not in p) == [".ctrlrun"]
+
+
+def test_demo_exits_non_zero_when_a_guarantee_breaks(workdir, monkeypatch):
+    import ctrlrun.store.ops as ops
+
+    monkeypatch.setattr(ops, "check_consumable", lambda *args, **kwargs: None)
+    result = invoke(["demo"])
+    assert result.code == 1
+    assert "NOT REFUSED" in result.out
+    assert result.err.startswith("Error: scenario 2, 4 was not refused")
+    assert "Traceback" not in result.err
+
+
+def test_demo_reports_an_unusable_directory(workdir):
+    (workdir / ".ctrlrun").mkdir()
+    (workdir / ".ctrlrun" / "demo").write_text("", encoding="utf-8")
+    result = invoke(["demo"])
+    assert result.code == 1 and result.err.startswith("Error: ")
