@@ -1,13 +1,24 @@
-"""Shared fixtures: a settable clock and one ``store`` fixture run against every backend."""
+"""Shared fixtures: a settable clock and one ``store`` fixture run against every backend.
+
+Postgres: tests that need a server read ``CTRLRUN_TEST_POSTGRES_URL`` and skip with a reason
+without it (or when the server cannot be reached), except under ``CI``, where either is a failure.
+Each Postgres test gets a fresh schema ``ctrlrun_t_<random>``, dropped afterwards.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import secrets
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+POSTGRES_URL_VARIABLE = "CTRLRUN_TEST_POSTGRES_URL"
+TEST_SCHEMA_PREFIX = "ctrlrun_t_"
 
 
 class FakeClock:
@@ -47,16 +58,129 @@ def _sqlite(tmp_path: Path, clock: FakeClock) -> Any:
     return SQLiteStateStore(tmp_path / "state.db", clock=clock)
 
 
-# Every backend the conformance suite runs against. A Postgres entry goes here later
-# (skipped unless CTRLRUN_TEST_POSTGRES_URL is set), e.g. "postgres": _postgres.
+# --------------------------------------------------------------------------- Postgres
+
+_reachability: dict[str, str | None] = {}  # url -> None (reachable) or why not
+_SESSION_SALT = secrets.token_hex(4)  # test schema names differ between concurrent sessions
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; under CI the Postgres tests must run", pytrace=False)
+    pytest.skip(reason)
+
+
+def postgres_url() -> str:
+    """The test server's URL; skips the calling test with a reason (fails it under ``CI``)."""
+    url = os.environ.get(POSTGRES_URL_VARIABLE, "").strip()
+    if not url:
+        _unavailable(
+            f"{POSTGRES_URL_VARIABLE} is not set "
+            "(e.g. postgresql://postgres@127.0.0.1:5432/test)"
+        )
+    if url not in _reachability:
+        try:
+            import psycopg
+        except ImportError:
+            _reachability[url] = "psycopg is not installed (pip install -e '.[dev]')"
+        else:
+            try:
+                psycopg.connect(url, connect_timeout=5).close()
+                _reachability[url] = None
+            except psycopg.Error as exc:
+                _reachability[url] = f"cannot reach the Postgres server: {exc}".strip()
+    reason = _reachability[url]
+    if reason is not None:
+        _unavailable(f"{POSTGRES_URL_VARIABLE}={url}: {reason}")
+    return url
+
+
+def _admin(url: str, *statements: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def create_pg_schema(url: str, name: str | None = None) -> str:
+    """Create (if missing) and return a test schema; random name unless one is given."""
+    name = name or TEST_SCHEMA_PREFIX + secrets.token_hex(6)
+    _admin(url, f'CREATE SCHEMA IF NOT EXISTS "{name}"')
+    return name
+
+
+def drop_pg_schema(url: str, name: str) -> None:
+    _admin(url, f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+def pg_schema_for(tmp_path: Path) -> str:
+    """The schema of one test directory: opening it twice reopens the same store."""
+    digest = hashlib.sha256(f"{_SESSION_SALT}:{tmp_path}".encode()).hexdigest()
+    return TEST_SCHEMA_PREFIX + digest[:12]
+
+
+@pytest.fixture
+def pg_url() -> str:
+    return postgres_url()
+
+
+@pytest.fixture
+def pg_schema(pg_url: str) -> Iterator[str]:
+    """A fresh, empty schema for this test, dropped afterwards."""
+    name = create_pg_schema(pg_url)
+    yield name
+    drop_pg_schema(pg_url, name)
+
+
+def _postgres(tmp_path: Path, clock: FakeClock) -> Any:
+    from ctrlrun.postgres import PostgresStateStore
+
+    url = postgres_url()
+    return PostgresStateStore(url, schema=create_pg_schema(url, pg_schema_for(tmp_path)), clock=clock)
+
+
+# Every backend the conformance suite runs against. ``factory(tmp_path, clock)`` opens the store
+# of that test directory; calling it again reopens the same storage (not for "memory").
 STORE_FACTORIES: dict[str, Callable[[Path, FakeClock], Any]] = {
     "memory": _memory,
     "sqlite": _sqlite,
+    "postgres": _postgres,
 }
+DURABLE_STORES = ("postgres", "sqlite")
 
 
-@pytest.fixture(params=sorted(STORE_FACTORIES))
-def store(request: pytest.FixtureRequest, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
-    instance = STORE_FACTORIES[request.param](tmp_path, clock)
+def _backend_params(names: Any) -> list[Any]:
+    return [
+        pytest.param(name, marks=pytest.mark.postgres) if name == "postgres" else name
+        for name in sorted(names)
+    ]
+
+
+@pytest.fixture(params=_backend_params(STORE_FACTORIES))
+def store_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Which backend this test runs against; cleans up a Postgres test schema afterwards."""
+    yield request.param
+    if request.param == "postgres" and os.environ.get(POSTGRES_URL_VARIABLE, "").strip():
+        try:
+            drop_pg_schema(os.environ[POSTGRES_URL_VARIABLE].strip(), pg_schema_for(tmp_path))
+        except Exception:
+            pass  # the server went away; the test itself reported it
+
+
+@pytest.fixture(params=_backend_params(DURABLE_STORES))
+def durable_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """The backends whose storage outlives a store object (reopen tests)."""
+    yield request.param
+    if request.param == "postgres" and os.environ.get(POSTGRES_URL_VARIABLE, "").strip():
+        try:
+            drop_pg_schema(os.environ[POSTGRES_URL_VARIABLE].strip(), pg_schema_for(tmp_path))
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def store(store_kind: str, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
+    instance = STORE_FACTORIES[store_kind](tmp_path, clock)
     yield instance
     instance.close()

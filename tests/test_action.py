@@ -170,3 +170,12 @@ def test_floats_refused_at_any_depth(args, path, number):
         nested = {key: nested}
     with pytest.raises(InvalidArgument):
         Action("a", dict(args, deep=[nested]), Principal("p"))
+
+
+@pytest.mark.parametrize("name", ["action_hash.json", "policy_cases.json"])
+def test_vector_copies_match_the_specification(name):
+    from .vectors import COPIES, SHARED
+
+    if not SHARED.is_dir():
+        pytest.skip("the specification checkout is not beside this repository")
+    assert (COPIES / name).read_bytes() == (SHARED / name).read_bytes()

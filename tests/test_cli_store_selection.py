@@ -101,12 +101,22 @@ def test_blank_variables_are_refused_by_name(workdir, monkeypatch, variable, val
 
 
 @pytest.mark.parametrize(
-    "url", ["mysql://x/y", "file:///tmp/x.db", "sqlite://", "postgresql://u@h/db", "state.db"]
+    "url", ["mysql://x/y", "file:///tmp/x.db", "sqlite://", "state.db", "postgresql://u@127.0.0.1:1/db"]
 )
 def test_unsupported_store_urls_exit_1(workdir, url):
     result = invoke(["receipts", "--store-url", url])
     assert result.code == 1 and result.err.startswith("Error: ")
     assert tree(workdir) == []
+
+
+@pytest.mark.parametrize("blank", ["CTRLRUN_STATE", "CTRLRUN_CONFIG"])
+def test_a_blank_variable_is_refused_even_below_a_set_one(workdir, monkeypatch, blank):
+    _seed(workdir / "u.db", "url")
+    monkeypatch.setenv("CTRLRUN_STORE_URL", "sqlite://u.db")
+    monkeypatch.setenv(blank, "")
+    result = invoke(["effects"])
+    assert result.code == 1 and blank in result.err
+    assert invoke(["effects", "--store-url", "sqlite://u.db"]).code == 0  # the option decides alone
 
 
 def test_blank_store_url_option_exit_1(workdir):

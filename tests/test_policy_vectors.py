@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,20 +11,9 @@ from ctrlrun.action import Action, Principal
 from ctrlrun.errors import CTRLRunError
 from ctrlrun.policy import Policy
 
+from .vectors import load
 
-def _vectors_dir() -> Path:
-    override = os.environ.get("CTRLRUN_VECTORS")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / "shared" / "vectors"
-
-
-def _cases() -> list[dict[str, Any]]:
-    path = _vectors_dir() / "policy_cases.json"
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-CASES = _cases()
+CASES: list[dict[str, Any]] = load("policy_cases.json")
 
 
 def test_vector_file_is_complete() -> None:

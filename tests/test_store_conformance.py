@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -888,3 +889,286 @@ def test_threads_race_one_key_and_the_chain(store):
     assert sorted(outcomes) == ["in_progress"] * 7 + ["won"]
     assert [r.seq for r in store.receipts()] == list(range(1, 25))
     assert verify_chain(store).ok
+
+
+# --------------------------------------------------------------------------- more threads (C1–C5)
+
+
+def _race(workers: int, task) -> list[object]:
+    barrier = threading.Barrier(workers)
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def run(worker: int) -> None:
+        barrier.wait(timeout=30)
+        try:
+            outcome = task(worker)
+        except Exception as exc:  # collected: the assertions say which were allowed
+            outcome = exc
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(outcomes) == workers
+    return outcomes
+
+
+def test_threads_answer_a_request_once(store, clock):
+    request = put_request(store, clock)
+
+    def answer(worker: int) -> str:
+        if worker % 2:
+            store.deny_approval(request.request_id, f"cli:w{worker}")
+            return "denied"
+        store.grant_approval(request.request_id, f"cli:w{worker}")
+        return "granted"
+
+    outcomes = _race(8, answer)
+    winners = [o for o in outcomes if isinstance(o, str)]
+    assert len(winners) == 1, outcomes
+    losers = [o for o in outcomes if not isinstance(o, str)]
+    assert all(isinstance(o, ApprovalMismatch) and o.reason == winners[0] for o in losers)
+    record = store.get_approval(request.request_id)
+    assert record.status.value == winners[0] and record.approver.startswith("cli:w")
+
+
+def test_threads_consume_an_approval_once(store, clock):
+    action = make_action()
+    request = granted_request(store, clock, action)
+    outcomes = _race(
+        8,
+        lambda w: store.consume_approval_and_reserve(
+            request.request_id, action.action_hash, f"refund:txn_{w}", f"act_{w}"
+        )[1].effect_key,
+    )
+    winners = [o for o in outcomes if isinstance(o, str)]
+    assert len(winners) == 1, outcomes
+    assert all(
+        isinstance(o, ApprovalMismatch) and o.reason == "consumed"
+        for o in outcomes if not isinstance(o, str)
+    )  # fmt: skip
+    assert [r.effect_key for r in store.list_effects()] == winners  # losers reserved nothing
+    assert store.get_approval(request.request_id).status is ApprovalStatus.CONSUMED
+
+
+def test_threads_renew_a_failed_key_once(store):
+    executing(store)
+    store.fail_effect("k", "a1", "remote said no")
+    outcomes = _race(8, lambda w: store.reserve_effect("k", f"retry_{w}").attempt)
+    assert sorted(str(o) if isinstance(o, int) else o.state for o in outcomes) == (
+        ["2"] + ["in_progress"] * 7
+    ), outcomes
+    assert store.get_effect("k").attempt == 2
+
+
+def test_threads_lapsed_executing_turns_ambiguous_once(store, clock):
+    executing(store)
+    clock.advance(LEASE + TICK)
+    outcomes = _race(8, lambda w: store.reserve_effect("k", f"retry_{w}"))
+    assert all(isinstance(o, AmbiguousEffect) and o.action_id == "a1" for o in outcomes)
+    record = store.get_effect("k")
+    assert (record.state, record.action_id, record.attempt) == (EffectState.AMBIGUOUS, "a1", 1)
+
+
+def test_threads_events_get_unique_increasing_ids(store):
+    outcomes = _race(8, lambda w: [store.append_event(make_event(n=w)).event_id for _ in range(5)])
+    for ids in outcomes:
+        assert ids == sorted(ids)  # one writer's appends are numbered in its order
+    every = [i for ids in outcomes for i in ids]
+    assert len(set(every)) == 40
+    assert [e.event_id for e in store.events()] == sorted(every)
+
+
+def test_attempt_numbers_never_repeat(store, clock):
+    attempts = []
+    for n in range(4):
+        attempts.append(store.reserve_effect("k", f"a{n}", LEASE).attempt)
+        if n % 2:
+            clock.advance(LEASE + TICK)  # a lapsed reservation renews
+        else:
+            store.begin_execution("k", f"a{n}")
+            store.fail_effect("k", f"a{n}", "no")
+    assert attempts == [1, 2, 3, 4]
+
+
+def test_stale_writer_is_refused(store):
+    """C4: a conditional write that read an older version of the record changes nothing."""
+    store.reserve_effect("k", "a1")
+    stale = store.get_effect("k")
+    store.begin_execution("k", "a1")
+    moved = store._write(lambda tx, now: tx.update_effect(stale, replace(stale, action_id="zz")))
+    assert moved is False
+    assert store.get_effect("k").state is EffectState.EXECUTING
+    request = put_request(store, store.clock)
+    old = store.get_approval(request.request_id)
+    store.deny_approval(request.request_id, "cli:local")
+    assert store._write(lambda tx, now: tx.update_approval(old, old)) is False
+    assert store.get_approval(request.request_id).status is ApprovalStatus.DENIED
+
+
+# --------------------------------------------------------------------------- boundaries
+
+
+def test_exactly_at_expiry_everything_still_valid(store, clock):
+    action = make_action()
+    pending = put_request(store, clock, action)
+    granted = granted_request(store, clock, action)
+    clock.set(granted.expires_at)
+    assert [r.approval_id for r in store.pending_approvals()] == [pending.request_id]
+    assert store.find_granted_approval(action.action_hash).approval_id == granted.request_id
+    clock.advance(TICK)
+    assert store.pending_approvals() == ()
+    assert store.find_granted_approval(action.action_hash) is None
+
+
+def test_renewal_after_resolved_failed_and_lapsed_reserved_keeps_created_at(store, clock):
+    store.reserve_effect("k", "a1", LEASE)
+    created = store.get_effect("k").created_at
+    clock.advance(LEASE + TICK)
+    store.reserve_effect("k", "a2", LEASE)
+    store.mark_ambiguous("k", "a2", "lost reply")
+    store.resolve_effect("k", "failed", "cli:local")
+    clock.advance(seconds=1)
+    reservation = store.reserve_effect("k", "a3", LEASE)
+    record = store.get_effect("k")
+    assert reservation.attempt == record.attempt == 3 and record.created_at == created
+    assert (record.error, record.resolved_by, record.result) == (None, None, None)
+
+
+def test_nul_is_refused_in_identifiers_and_escaped_in_errors(store, clock):
+    """No backend keeps what another cannot: Postgres text holds no NUL, so none does."""
+    with pytest.raises(InvalidArgument):
+        store.reserve_effect("k\x00", "a1")
+    with pytest.raises(InvalidArgument):
+        store.reserve_effect("k", "a\x001")
+    with pytest.raises(InvalidArgument):
+        store.get_effect("k\x00")
+    with pytest.raises(InvalidArgument):
+        store.grant_approval("apr_\x00", "cli:local")
+    with pytest.raises(InvalidArgument):
+        store.begin_execution("k\x00", "a1")
+    assert store.list_effects() == ()
+    executing(store)
+    store.fail_effect("k", "a1", "ValueError: a\x00b")
+    assert store.get_effect("k").error == "ValueError: a\\x00b"
+    blocked = replace(make_receipt(), effect_key="k\x00", result="blocked", error="a\x00b")
+    placed = store.put_receipt(blocked)  # the document keeps it (JSON escapes NUL)
+    (back,) = store.receipts()
+    assert back.effect_key == "k\x00" and back.error == "a\x00b" and back.hash == placed.hash
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_effect_record_round_trips_every_field(store, clock):
+    clock.set(datetime(2026, 11, 30, 9, 0, 0, 123457, tzinfo=timezone.utc))
+    reservation = store.reserve_effect("refund:ünï/κ", "act_é", timedelta(seconds=1.5))
+    record = store.get_effect("refund:ünï/κ")
+    assert record.lease_expires_at == reservation.lease_expires_at == clock() + timedelta(
+        seconds=1.5
+    )
+    store.begin_execution("refund:ünï/κ", "act_é")
+    result = {"int": 7, "big": -(10**30), "float": 1.25, "bool": False, "none": None,
+              "text": "☃\u2028", "list": [1, [2, {"k": True}]], "empty": {}}  # fmt: skip
+    store.commit_effect("refund:ünï/κ", "act_é", result)
+    back = store.get_effect("refund:ünï/κ")
+    assert back.result == result
+    assert type(back.result["int"]) is int and type(back.result["float"]) is float
+    assert type(back.result["bool"]) is bool
+    assert back.created_at == clock() and back.created_at.utcoffset() == timedelta(0)
+    for scalar in ("a string", 12, True, [1, "x"]):
+        key = f"scalar:{scalar!r}"
+        executing(store, key)
+        store.commit_effect(key, "a1", scalar)
+        assert store.get_effect(key).result == scalar
+        assert type(store.get_effect(key).result) is type(scalar)
+
+
+def test_approval_record_round_trips_every_field(store, clock):
+    action = make_action()
+    request = build_request(
+        action, timedelta(minutes=7), clock(), policy_hash="sha256:" + "c" * 64,
+        precondition_fingerprint="sha256:" + "d" * 64, required_roles=("ops", "fin"),
+        approvals_required=2,
+    )  # fmt: skip
+    store.put_approval_request(request)
+    alice = VerifiedApprover("ops", "alice", "https://idp", clock(), ("ops",))
+    assert store.grant_approval(request.request_id, "web:alice", verified=alice) is None
+    clock.advance(seconds=3)
+    bob = VerifiedApprover("ops", "bob", None, clock(), ("fin", "ops"))
+    store.grant_approval(request.request_id, "web:bob", verified=bob)
+    clock.advance(seconds=1)
+    store.consume_approval(request.request_id, action.action_hash)
+    record = store.get_approval(request.request_id)
+    assert record.request == request
+    assert record.status is ApprovalStatus.CONSUMED and record.approver == "web:bob"
+    assert record.granted_at == clock() - timedelta(seconds=1) and record.consumed_at == clock()
+    assert record.approvers == (alice, bob)
+    assert record.request.required_roles == ("ops", "fin")
+    assert record.request.approvals_required == 2
+
+
+def test_receipt_round_trips_every_field(store):
+    full = Receipt(
+        **{
+            **{f: getattr(make_receipt(), f) for f in (
+                "receipt_id", "action_id", "action", "action_hash", "environment", "decision",
+                "decision_reason", "attempt", "started_at", "finished_at",
+            )},
+            "principal": {"agent": "a", "user": "u", "claims": {"roles": ["x"], "n": 1},
+                          "issuer": "https://idp", "expires_at": "2027-01-01T00:00:00.000Z"},
+            "resource": "db://main", "arguments": {"n": 10**20, "t": True, "s": "☃"},
+            "approval_id": "apr_" + "e" * 32, "approver": "cli:local", "effect_key": "k:ü",
+            "result": "ambiguous", "execution": "attempted", "would_have": None,
+            "error": "TimeoutError: read timed out", "policy_hash": "sha256:" + "f" * 64,
+        }
+    )  # fmt: skip
+    placed = store.put_receipt(full)
+    (back,) = store.receipts()
+    assert back == placed and back.hash == placed.hash and back.to_json() == placed.to_json()
+    assert back.arguments["n"] == 10**20 and back.arguments["t"] is True
+    assert verify_chain(store).ok
+
+
+# --------------------------------------------------------------------------- reopen durability
+
+
+def test_reopen_keeps_everything(durable_kind, tmp_path, clock):
+    from .conftest import STORE_FACTORIES
+
+    factory = STORE_FACTORIES[durable_kind]
+    store = factory(tmp_path, clock)
+    for key in ("amb", "done", "bad", "fixed"):
+        executing(store, key)
+    store.mark_ambiguous("amb", "a1", "TimeoutError")
+    store.commit_effect("done", "a1", {"id": "re_1"})
+    store.fail_effect("bad", "a1", "no")
+    store.mark_ambiguous("fixed", "a1", "lost")
+    store.resolve_effect("fixed", "committed", "cli:local")
+    action = make_action()
+    granted = granted_request(store, clock, action)
+    event = store.append_event(make_event(x=1))
+    receipt = store.put_receipt(make_receipt())
+    before = {r.effect_key: r for r in store.list_effects()}
+    store.close()
+
+    again = factory(tmp_path, clock)
+    try:
+        assert {r.effect_key: r for r in again.list_effects()} == before
+        assert again.get_effect("fixed").resolved_by == "cli:local"
+        assert again.get_effect("amb").state is EffectState.AMBIGUOUS
+        assert again.get_approval(granted.request_id).status is ApprovalStatus.GRANTED
+        assert again.events() == (event,)
+        assert again.chain_head() == (1, receipt.hash)
+        with pytest.raises(AmbiguousEffect):
+            again.reserve_effect("amb", "a2")
+        with pytest.raises(DuplicateEffect):
+            again.reserve_effect("fixed", "a2")
+        assert again.reserve_effect("bad", "a2").attempt == 2
+        assert again.put_receipt(make_receipt()).seq == 2
+    finally:
+        again.close()

@@ -1,4 +1,5 @@
-"""Locate the normative vectors (never edited; read from ../shared/vectors)."""
+"""The normative vectors: ``../shared/vectors`` when the specification sits beside the repository,
+else the verbatim copies in ``tests/data`` (a test keeps the two identical)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "vectors"
+COPIES = ROOT / "tests" / "data"
 
 
 def vectors_dir() -> Path:
     override = os.environ.get("CTRLRUN_VECTORS")
     if override:
         return Path(override)
-    for candidate in (ROOT.parent / "shared" / "vectors", ROOT / "tests" / "data"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("vectors not found: set CTRLRUN_VECTORS to ../shared/vectors")
+    return SHARED if SHARED.is_dir() else COPIES
 
 
 def load(name: str) -> Any:

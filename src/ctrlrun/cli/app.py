@@ -25,7 +25,9 @@ log = logging.getLogger("ctrlrun.cli")
 class CtrlrunGroup(click.Group):
     """A group whose commands never show a traceback: refusals exit 1, usage errors exit 2."""
 
-    def make_context(self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any) -> click.Context:
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
+    ) -> click.Context:
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.ClickException as exc:

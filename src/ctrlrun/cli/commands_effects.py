@@ -64,7 +64,8 @@ def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
 
 def _lease_lapsed(record: EffectRecord, now: datetime) -> bool:
     live_states = (EffectState.RESERVED, EffectState.EXECUTING)
-    return record.state in live_states and record.lease_expires_at is not None and now > record.lease_expires_at
+    lease = record.lease_expires_at
+    return record.state in live_states and lease is not None and now > lease
 
 
 def _effect_line(record: EffectRecord, now: datetime) -> str:

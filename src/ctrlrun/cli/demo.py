@@ -5,10 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
-from .._ambient import context, with_approval
+from .. import context, with_approval
 from ..errors import AmbiguousEffect, ApprovalMismatch, ApprovalRequired, CTRLRunError, DuplicateEffect
 from ..receipt import verify_chain
 from .demo_world import DEMO_APPROVER, DEMO_DIR, POLICY_SUMMARY, DemoWorld, build_world
@@ -33,6 +34,19 @@ def _not_refused(what: str) -> bool:
     return False
 
 
+def _expect_refusal(attempt: Callable[[], object], matches: Callable[[CTRLRunError], bool],
+                    refusal: str, ran: str) -> bool:  # fmt: skip
+    """Run ``attempt``; the scenario holds only if the library refuses it for the expected reason."""
+    try:
+        attempt()
+    except CTRLRunError as exc:
+        if matches(exc):
+            _blocked(refusal)
+            return True
+        return _not_refused(f"refused for another reason ({type(exc).__name__}: {exc})")
+    return _not_refused(ran)
+
+
 def _ask(world: DemoWorld, payment_id: str, amount: int) -> str:
     """Propose a refund that needs a human; return the pending request id."""
     with context(agent=AGENT):
@@ -54,12 +68,12 @@ def lost_reply(world: DemoWorld) -> bool:
         say(f"{INDENT}{AGENT} refunds {_money(50_000)} on txn_1  →  the payment API commits  →  "
             "the reply is lost  →  AMBIGUOUS")  # fmt: skip
         say(f"{INDENT}the agent retries the same refund")
-        try:
-            world.refund(payment_id="txn_1", amount=50_000)
-            refused = _not_refused("the retry ran")
-        except AmbiguousEffect:
-            refused = True
-            _blocked("effect may already have committed; blind retry refused")
+        refused = _expect_refusal(
+            lambda: world.refund(payment_id="txn_1", amount=50_000),
+            lambda exc: isinstance(exc, AmbiguousEffect),
+            "effect may already have committed; blind retry refused",
+            "the retry ran",
+        )
     calls = world.api.count("txn_1")
     say(f"{INDENT}remote refund calls: {calls}")
     say(f"{INDENT}only a human moves it on:  ctrlrun resolve refund:txn_1 --committed|--failed")
@@ -74,15 +88,12 @@ def approval_mutation(world: DemoWorld) -> bool:
     say(f"{INDENT}{DEMO_APPROVER} grants {request_id}, bound to {approval.action_hash}")
     say(f"{INDENT}the agent presents {request_id} for {_money(500_000)} instead")
     with context(agent=AGENT), with_approval(request_id):
-        try:
-            world.refund(payment_id="txn_2", amount=500_000)
-            refused = _not_refused("the changed refund ran")
-        except ApprovalMismatch as refusal:
-            refused = refusal.reason == "mismatch"
-            if refused:
-                _blocked("approved action ≠ requested action (mismatch)")
-            else:
-                _not_refused(f"refused for another reason ({refusal.reason})")
+        refused = _expect_refusal(
+            lambda: world.refund(payment_id="txn_2", amount=500_000),
+            lambda exc: isinstance(exc, ApprovalMismatch) and exc.reason == "mismatch",
+            "approved action ≠ requested action (mismatch)",
+            "the changed refund ran",
+        )
     calls = world.api.count("txn_2")
     say(f"{INDENT}remote refund calls: {calls}")
     return refused and calls == 0
@@ -90,27 +101,31 @@ def approval_mutation(world: DemoWorld) -> bool:
 
 def concurrent_agents(world: DemoWorld) -> bool:
     """While agent A executes a refund, agent B proposing the same effect key is refused."""
-    seen: dict[str, str] = {}
+    seen: dict[str, Any] = {}
 
     def agent_b() -> None:
         with context(agent="agent-b"):
             try:
                 world.refund(payment_id="txn_123", amount=30_000)
-                seen["b"] = "ran"
-            except DuplicateEffect as refusal:
-                seen["b"] = refusal.state
-            except Exception as exc:  # reported below, never silently
-                seen["b"] = f"{type(exc).__name__}: {exc}"
+            except BaseException as exc:  # handed to agent-a's thread, judged there
+                seen["b"] = exc
 
     def while_a_executes() -> None:
         say(f"{INDENT}agent-b proposes the same refund while agent-a is still executing")
         worker = threading.Thread(target=agent_b, name="ctrlrun-demo-agent-b")
         worker.start()
         worker.join()
-        if seen.get("b") == "in_progress":
-            _blocked("already reserved (in_progress)")
-        else:
-            _not_refused(f"agent-b was not held off ({seen.get('b')})")
+
+        def outcome() -> None:
+            if "b" in seen:
+                raise seen["b"]
+
+        seen["refused"] = _expect_refusal(
+            outcome,
+            lambda exc: isinstance(exc, DuplicateEffect) and exc.state == "in_progress",
+            "already reserved (in_progress)",
+            "agent-b ran the same refund",
+        )
 
     world.api.during_next_call = while_a_executes
     say(f"{INDENT}agent-a reserves refund:txn_123 and calls the payment API")
@@ -118,7 +133,7 @@ def concurrent_agents(world: DemoWorld) -> bool:
         world.refund(payment_id="txn_123", amount=30_000)
     calls = world.api.count("txn_123")
     say(f"{INDENT}agent-a commits  →  remote refund calls: {calls}")
-    return seen.get("b") == "in_progress" and calls == 1
+    return seen.get("refused") is True and calls == 1
 
 
 def approval_replay(world: DemoWorld) -> bool:
@@ -131,15 +146,12 @@ def approval_replay(world: DemoWorld) -> bool:
         say(f"{INDENT}the refund runs with it  →  committed")
         say(f"{INDENT}approval {request_id} used once  →  consumed")
         say(f"{INDENT}the agent presents {request_id} again for the same refund")
-        try:
-            world.refund(payment_id="txn_4", amount=200_000)
-            refused = _not_refused("the approval was spent twice")
-        except ApprovalMismatch as refusal:
-            refused = refusal.reason == "consumed"
-            if refused:
-                _blocked("single-use approval already consumed")
-            else:
-                _not_refused(f"refused for another reason ({refusal.reason})")
+        refused = _expect_refusal(
+            lambda: world.refund(payment_id="txn_4", amount=200_000),
+            lambda exc: isinstance(exc, ApprovalMismatch) and exc.reason == "consumed",
+            "single-use approval already consumed",
+            "the approval was spent twice",
+        )
     calls = world.api.count("txn_4")
     say(f"{INDENT}remote refund calls: {calls}")
     return refused and calls == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ..store import StateStore, open_store_url
 __all__ = ["Settings", "open_operator_store", "select_store_url", "store_url_option"]
 
 _SQLITE = "sqlite://"
+_SELECTING_VARIABLES = ("CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_CONFIG")
 
 
 @dataclass
@@ -45,6 +47,10 @@ def select_store_url(option: str | None) -> str:
         if not option.strip():
             raise InvalidArgument("--store-url is blank; give a store URL such as sqlite://<path>")
         return option
+    for name in _SELECTING_VARIABLES:  # refused even when a higher-priority one is set
+        value = os.environ.get(name)
+        if value is not None and not value.strip():
+            raise InvalidArgument(f"{name} is set but blank; unset it or give it a value")
     return state_location()
 
 

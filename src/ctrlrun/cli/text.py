@@ -1,4 +1,5 @@
-"""Safe printing: every human-readable line goes through ``safe`` so model-written text cannot forge or hide output."""
+"""Safe printing: every human-readable line goes through ``safe``, so model-written text cannot
+forge or hide output."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _escape(char: str) -> str:
 
 
 def safe(value: Any) -> str:
-    """``value`` as text with every control, format and line/paragraph separator escaped (``\\x1b``, ``\\u202e``)."""
+    """``value`` as text with control, format and separator characters escaped (``\\x1b``, ``\\u202e``)."""
     text = value if isinstance(value, str) else str(value)
     if text.isprintable():  # fast path: no hidden category can be present
         return text

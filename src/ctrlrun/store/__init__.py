@@ -17,7 +17,12 @@ __all__ = ["InMemoryStateStore", "SQLiteStateStore", "StateStore", "open_store_u
 def open_store_url(
     url: str, *, clock: Callable[[], datetime] = utc_now, migrate: bool = True
 ) -> StateStore:
-    """Open the store a URL names: ``sqlite://<path>`` (Postgres URLs: not built yet)."""
+    """Open the store a URL names: ``sqlite://<path>`` or ``postgresql://…[?ctrlrun_schema=…]``.
+
+    ``postgres://`` works too; ``ctrlrun_schema`` (default ``public``) is taken out of the URL
+    before it reaches the driver. ``migrate=False`` opens an existing store at the current schema
+    without creating or upgrading anything (the operator commands' path).
+    """
     if not isinstance(url, str) or not url.strip():
         raise InvalidArgument(f"a store URL must be a non-empty string, got {url!r}")
     if url.startswith("sqlite://"):
@@ -26,8 +31,13 @@ def open_store_url(
             raise InvalidArgument(f"store URL {url!r} names no file: use sqlite://<path>")
         return SQLiteStateStore(path, clock=clock, migrate=migrate)
     if url.startswith(("postgresql://", "postgres://")):
-        raise InvalidArgument(
-            "the Postgres store is not built yet in this version of ctrlrun; "
-            "use a sqlite://<path> store URL"
+        from ..postgres import PostgresStateStore, split_store_url
+
+        conninfo, schema = split_store_url(url)
+        return PostgresStateStore(
+            conninfo, schema=schema or "public", clock=clock, migrate=migrate
         )
-    raise InvalidArgument(f"unsupported store URL {url!r}: use sqlite://<path> or postgresql://...")
+    raise InvalidArgument(
+        f"unsupported store URL {url!r}: use sqlite://<path> or "
+        "postgresql://user@host/db[?ctrlrun_schema=<name>]"
+    )

@@ -60,7 +60,19 @@ def _text(value: str | None, what: str) -> str | None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidArgument(f"{what} holds a lone surrogate and cannot be stored") from None
+    if "\x00" in value:
+        # Postgres text cannot hold NUL; every backend refuses it so none permits more.
+        raise InvalidArgument(f"{what} holds a NUL character and cannot be stored: {value!r}")
     return value
+
+
+def _free_text(value: str | None, what: str) -> str | None:
+    """Free text (an error message, a copied column): NUL is written as the escape ``\\x00``."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a string, got {value!r}")
+    return _text(value.replace("\x00", "\\x00"), what)
 
 
 def effect_to_row(record: EffectRecord) -> dict[str, Any]:
@@ -71,7 +83,7 @@ def effect_to_row(record: EffectRecord) -> dict[str, Any]:
         "attempt": record.attempt,
         "lease_expires_at": ts(record.lease_expires_at),
         "result_json": None if record.result is None else dumps(record.result, "result"),
-        "error": _text(record.error, "error"),
+        "error": _free_text(record.error, "error"),
         "created_at": ts(record.created_at),
         "updated_at": ts(record.updated_at),
         "resolved_by": _text(record.resolved_by, "resolved_by"),
@@ -202,11 +214,11 @@ def receipt_to_row(receipt: Receipt) -> dict[str, Any]:
     _text(document, f"receipt {receipt.receipt_id}")
     return {
         "receipt_id": _text(receipt.receipt_id, "receipt_id"),
-        "action_id": receipt.action_id,
-        "effect_key": receipt.effect_key,
-        "result": receipt.result,
+        "action_id": _free_text(receipt.action_id, "receipt action_id"),
+        "effect_key": _free_text(receipt.effect_key, "receipt effect_key"),
+        "result": _free_text(receipt.result, "receipt result"),
         "json": document,
-        "ts": receipt.finished_at,
+        "ts": _free_text(receipt.finished_at, "receipt finished_at"),
         "seq": receipt.seq,
         "prev_hash": receipt.prev_hash,
         "hash": receipt.hash,

@@ -211,6 +211,8 @@ def _record(
 def _check_id(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
+    if "\x00" in value:  # no store can keep it (Postgres text refuses NUL), so none looks it up
+        raise InvalidArgument(f"{what} holds a NUL character, which no store keeps: {value!r}")
     return value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 
-from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, inspect, text
+from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, inspect, select
 
 from .._time import format_precise, utc_now
 from ..errors import SchemaMismatch
@@ -105,11 +105,18 @@ receipt_chain = Table(
     Column("hash", Text, nullable=False),
 )
 
-# Plain SQL per dialect, forward-only; ids sort in application order.
+# Plain SQL per dialect, forward-only; ids sort in application order. Postgres statements name
+# their schema through ``{s}`` (the quoted schema, filled in by ``apply_migrations``); every text
+# column there compares bytewise (``COLLATE "C"``), as SQLite's and Python's comparisons do, so
+# identifiers never fold and the ISO timestamps sort like the times they spell.
 _SCHEMA_VERSION_DDL = {
     "sqlite": (
         "CREATE TABLE schema_version (migration_id TEXT PRIMARY KEY, "
         "applied_at TEXT NOT NULL, ctrlrun_version TEXT NOT NULL)"
+    ),
+    "postgresql": (
+        'CREATE TABLE {s}.schema_version (migration_id TEXT COLLATE "C" PRIMARY KEY, '
+        'applied_at TEXT COLLATE "C" NOT NULL, ctrlrun_version TEXT COLLATE "C" NOT NULL)'
     ),
 }
 
@@ -168,8 +175,65 @@ _0001_SQLITE = (
     f"INSERT INTO receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
 )
 
+_C = 'TEXT COLLATE "C"'
+
+_0001_POSTGRESQL = (
+    f"""CREATE TABLE {{s}}.effects (
+        effect_key {_C} PRIMARY KEY,
+        state {_C} NOT NULL,
+        action_id {_C} NOT NULL,
+        attempt INTEGER NOT NULL DEFAULT 1,
+        lease_expires_at {_C},
+        result_json TEXT,
+        error TEXT,
+        created_at {_C} NOT NULL,
+        updated_at {_C} NOT NULL,
+        resolved_by {_C})""",
+    "CREATE INDEX effects_state ON {s}.effects (state)",
+    f"""CREATE TABLE {{s}}.approvals (
+        approval_id {_C} PRIMARY KEY,
+        action_hash {_C} NOT NULL,
+        status {_C} NOT NULL,
+        action_json TEXT NOT NULL,
+        approver {_C},
+        created_at {_C} NOT NULL,
+        granted_at {_C},
+        expires_at {_C} NOT NULL,
+        consumed_at {_C},
+        policy_hash_at_approval {_C},
+        precondition_fingerprint {_C},
+        approvers {_C} NOT NULL DEFAULT '[]',
+        required_roles TEXT NOT NULL DEFAULT '[]',
+        approvals_required INTEGER)""",
+    "CREATE INDEX approvals_action_hash ON {s}.approvals (action_hash)",
+    "CREATE INDEX approvals_status_expires ON {s}.approvals (status, expires_at)",
+    f"""CREATE TABLE {{s}}.events (
+        event_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        ts {_C} NOT NULL,
+        type {_C} NOT NULL,
+        action_id {_C},
+        effect_key {_C},
+        approval_id {_C},
+        data_json TEXT NOT NULL)""",
+    f"""CREATE TABLE {{s}}.receipts (
+        receipt_id {_C} PRIMARY KEY,
+        action_id {_C},
+        effect_key {_C},
+        result {_C},
+        json TEXT,
+        ts {_C},
+        seq BIGINT UNIQUE,
+        prev_hash {_C},
+        hash {_C})""",
+    f"""CREATE TABLE {{s}}.receipt_chain (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq BIGINT NOT NULL,
+        hash {_C} NOT NULL)""",
+    f"INSERT INTO {{s}}.receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
+)
+
 _MIGRATION_SQL: dict[str, dict[str, tuple[str, ...]]] = {
-    "0001_initial": {"sqlite": _0001_SQLITE},
+    "0001_initial": {"sqlite": _0001_SQLITE, "postgresql": _0001_POSTGRESQL},
 }
 
 MIGRATIONS: tuple[str, ...] = ("0001_initial",)
@@ -184,13 +248,19 @@ def running_version() -> str:
         return "0.0.0"
 
 
-def read_schema(conn: Connection) -> tuple[bool, dict[str, str], tuple[str, ...]]:
-    """``(has schema_version, {applied id: version stamped}, other table names)``; reads only."""
-    names = set(inspect(conn).get_table_names())
+def read_schema(
+    conn: Connection, schema: str | None = None
+) -> tuple[bool, dict[str, str], tuple[str, ...]]:
+    """``(has schema_version, {applied id: version stamped}, other table names)``; reads only.
+
+    ``schema`` names the Postgres schema to look in (the connection's ``schema_translate_map``
+    must map the tables there too); SQLite passes none.
+    """
+    names = set(inspect(conn).get_table_names(schema=schema))
     others = tuple(sorted(names - {"schema_version"}))
     if "schema_version" not in names:
         return False, {}, others
-    rows = conn.execute(text("SELECT migration_id, ctrlrun_version FROM schema_version"))
+    rows = conn.execute(select(schema_version.c.migration_id, schema_version.c.ctrlrun_version))
     return True, {row[0]: row[1] for row in rows}, others
 
 
@@ -237,16 +307,31 @@ def classify(
 
 
 def apply_migrations(
-    conn: Connection, missing: Sequence[str], *, create_version_table: bool
+    conn: Connection,
+    missing: Sequence[str],
+    *,
+    create_version_table: bool,
+    schema: str | None = None,
 ) -> None:
-    """Run each missing migration's DDL and ``schema_version`` row in the caller's transaction."""
+    """Run each missing migration's DDL and ``schema_version`` row in the caller's transaction.
+
+    Postgres statements are written into ``schema`` (quoted as the dialect quotes it).
+    """
     dialect = conn.dialect.name
     stamp = running_version()
+    quoted = conn.dialect.identifier_preparer.quote_schema(schema) if schema else None
+
+    def run(statement: str) -> None:
+        if dialect == "postgresql":
+            assert quoted is not None, "a Postgres migration needs its schema"
+            statement = statement.replace("{s}", quoted)
+        conn.exec_driver_sql(statement)
+
     if create_version_table:
-        conn.exec_driver_sql(_SCHEMA_VERSION_DDL[dialect])
+        run(_SCHEMA_VERSION_DDL[dialect])
     for migration_id in missing:
         for statement in _MIGRATION_SQL[migration_id][dialect]:
-            conn.exec_driver_sql(statement)
+            run(statement)
         conn.execute(
             schema_version.insert().values(
                 migration_id=migration_id,

@@ -41,8 +41,15 @@ class SQLTx:
         self._insert = insert
 
     def _insert_new(self, table: Any, key: str, row: dict[str, Any]) -> bool:
-        statement = self._insert(table).values(**row).on_conflict_do_nothing(index_elements=[key])
-        return self.conn.execute(statement).rowcount == 1
+        # RETURNING, not rowcount: drivers need not report an INSERT's row count (psycopg's
+        # does not reach SQLAlchemy), and a conflict returns no row on both dialects.
+        statement = (
+            self._insert(table)
+            .values(**row)
+            .on_conflict_do_nothing(index_elements=[key])
+            .returning(table.c[key])
+        )
+        return self.conn.execute(statement).first() is not None
 
     # effects
     def effect(self, effect_key: str) -> EffectRecord | None:
@@ -205,6 +212,11 @@ class SQLStateStore(StoreOps):
     def _conn(self) -> Connection:
         local = self._local
         conn = getattr(local, "conn", None)
+        if conn is not None and conn.invalidated and not conn.closed:
+            try:  # the driver lost it (a dropped connection): start over on a fresh one
+                conn.close()
+            except Exception:
+                pass
         if conn is None or conn.closed or local.generation != self._generation:
             try:
                 conn = self.engine.connect()

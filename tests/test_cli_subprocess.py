@@ -1,0 +1,113 @@
+"""The installed entry point in a real process: exit codes, stdout/stderr, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+import ctrlrun
+from ctrlrun import ApprovalRequired, Control, SQLiteStateStore
+
+from ._cli_helpers import ENV_VARS, starter_policy
+from .conftest import FakeClock
+from .vectors import ROOT
+
+FAR_FUTURE = datetime(2099, 1, 1, tzinfo=timezone.utc)  # expiries the CLI's real clock has not reached
+
+
+def _command() -> list[str]:
+    return [sys.executable, "-m", "ctrlrun.cli"]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    source = str(ROOT / "src")
+    env["PYTHONPATH"] = source + os.pathsep + env.get("PYTHONPATH", "") if env.get("PYTHONPATH") else source
+    env.update(extra)
+    return env
+
+
+def run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_command(), *args], cwd=cwd, env=_env(**env), capture_output=True, text=True,
+        encoding="utf-8", timeout=120,
+    )  # fmt: skip
+
+
+def test_version(tmp_path):
+    done = run(["--version"], tmp_path)
+    assert done.returncode == 0
+    assert done.stdout == f"ctrlrun, version {ctrlrun.__version__}\n"
+
+
+def test_demo_in_a_real_process(tmp_path):
+    done = run(["demo"], tmp_path, CTRLRUN_STATE="", CTRLRUN_STORE_URL="nonsense://")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.count("✗ BLOCKED — ") == 4
+    assert done.stdout.splitlines()[-4] == "Receipts (7): .ctrlrun/demo/receipts.jsonl"
+    listed = run(["receipts", "--verify-chain"], tmp_path, CTRLRUN_STATE=".ctrlrun/demo/state.db")
+    assert listed.returncode == 0
+    assert listed.stdout.splitlines() == ["chain: 7 of 7 receipts verified", "the chain is intact"]
+
+
+def test_approve_in_a_real_process(tmp_path):
+    clock = FakeClock(FAR_FUTURE)
+    store = SQLiteStateStore(tmp_path / ".ctrlrun" / "state.db", clock=clock)
+    control = Control(starter_policy(), store, clock=clock, environment="production")
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        return None
+
+    with ctrlrun.context(agent="support-agent"), pytest.raises(ApprovalRequired) as required:
+        refund(payment_id="txn_2", amount=500_000)
+    store.close()
+    request_id = required.value.request_id
+    pending = run(["pending"], tmp_path)
+    assert pending.returncode == 0 and pending.stdout.startswith(request_id)
+    done = run(["approve", request_id], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"granted {request_id} for sha256:22ec1c398e4b93d080b6cba61e5e11b0e21879552ac5dbf63c192d2b2e6af752",
+        "expires 2099-01-01T00:15:00.000Z",
+    ]
+    again = run(["approve", request_id], tmp_path)
+    assert again.returncode == 1
+    assert again.stdout == ""
+    assert again.stderr == f"Error: approval request {request_id} is already granted; a request is answered once\n"
+
+
+@pytest.mark.parametrize(
+    "args, code",
+    [
+        (["pending"], 1),  # no database
+        (["receipts", "--last", "0"], 2),
+        (["resolve", "k"], 2),
+        (["nosuch"], 2),
+        (["policy", "check"], 1),  # no ctrlrun.yaml
+    ],
+)
+def test_refusals_and_usage_errors(tmp_path, args, code):
+    done = run(args, tmp_path)
+    assert done.returncode == code
+    assert done.stdout == ""
+    assert "Error: " in done.stderr and "Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_blank_variable_in_a_real_process(tmp_path):
+    done = run(["effects"], tmp_path, CTRLRUN_STORE_URL="")
+    assert done.returncode == 1 and "CTRLRUN_STORE_URL" in done.stderr
+
+
+@pytest.mark.skipif(shutil.which("ctrlrun") is None, reason="the ctrlrun script is not installed")
+def test_the_installed_script(tmp_path):
+    done = subprocess.run(["ctrlrun", "--version"], capture_output=True, text=True, env=_env())
+    assert done.returncode == 0 and done.stdout.startswith("ctrlrun, version ")
