@@ -35,7 +35,7 @@ from .store.schema import HEAD, MIGRATIONS, apply_migrations, classify, read_sch
 from .store.schema import running_version
 from .store.sql import SQLStateStore
 
-__all__ = ["PostgresStateStore", "split_store_url"]
+__all__ = ["PostgresStateStore", "clock_skew", "split_store_url"]
 
 log = logging.getLogger("ctrlrun")
 
@@ -77,6 +77,17 @@ def _check_schema_name(schema: Any) -> str:
             f"got {schema!r}"
         )
     return schema
+
+
+def clock_skew(local: datetime, server: Any, rtt: float) -> timedelta | None:
+    """How far ``local`` is from ``server`` beyond the measurement's uncertainty (the round
+    trip), when that exceeds one second; else ``None``."""
+    if not isinstance(server, datetime):
+        return None
+    if server.tzinfo is None:
+        server = server.replace(tzinfo=timezone.utc)
+    skew = abs(local - server) - timedelta(seconds=max(rtt, 0.0))
+    return skew if skew > _SKEW else None
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -292,16 +303,14 @@ class PostgresStateStore(SQLStateStore):
 
     def _check_skew(self, server_now: datetime, rtt: float) -> None:
         """Warn (decide nothing) when this host's clock and the server's disagree by > 1 s."""
-        if self.clock is not utc_now or not isinstance(server_now, datetime):
-            return
-        local = utc_now()
-        if server_now.tzinfo is None:
-            server_now = server_now.replace(tzinfo=timezone.utc)
-        skew = abs(local - server_now) - timedelta(seconds=rtt)
-        if skew > _SKEW:
+        if self.clock is not utc_now:
+            return  # an injected clock is not meant to tell the real time
+        skew = clock_skew(utc_now(), server_now, rtt)
+        if skew is not None:
             log.warning(
-                "this host's clock differs from the Postgres server's by about %.1f s; leases "
-                "are judged by this host's clock: synchronise it (NTP)",
+                "this host's clock differs from the Postgres server's (%s) by about %.1f s; "
+                "leases are judged by this host's clock: synchronise it (NTP)",
+                self.target,
                 skew.total_seconds(),
             )
 

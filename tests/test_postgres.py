@@ -1,0 +1,539 @@
+"""The Postgres store: construction and refusals, migrations, session hygiene, lost COMMITs,
+and the default Control over ``CTRLRUN_STORE_URL`` (the rules themselves: the conformance suite).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+import ctrlrun
+from ctrlrun import Control, Policy, context, protect
+from ctrlrun.effect import EffectState
+from ctrlrun.errors import (
+    AmbiguousWrite,
+    CTRLRunError,
+    DuplicateEffect,
+    InvalidArgument,
+    MissingDependency,
+    SchemaMismatch,
+)
+from ctrlrun.postgres import PostgresStateStore, clock_skew, split_store_url
+from ctrlrun.store import open_store_url
+from ctrlrun.store.schema import HEAD
+
+from .conftest import create_pg_schema, drop_pg_schema
+from .test_store_conformance import make_receipt
+from .vectors import ROOT
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def admin(url: str, statement: str, *params):
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(statement, params or None)
+        return cursor.fetchall() if cursor.description else None
+
+
+def tables(url: str, schema: str) -> set[str]:
+    rows = admin(url, "SELECT tablename FROM pg_tables WHERE schemaname = %s", schema)
+    return {r[0] for r in rows}
+
+
+def with_params(url: str, **params: str) -> str:
+    joiner = "&" if "?" in url else "?"
+    return url + joiner + "&".join(f"{k}={v}" for k, v in params.items())
+
+
+@pytest.fixture
+def pg(pg_url, pg_schema, clock):
+    store = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def role(pg_url):
+    """A login role with no rights on anything ctrlrun made (trust authentication)."""
+    name = "ctrlrun_t_role_" + secrets.token_hex(4)
+    admin(pg_url, f"CREATE ROLE {name} LOGIN")
+    yield name
+    admin(pg_url, f"DROP OWNED BY {name}")
+    admin(pg_url, f"DROP ROLE {name}")
+
+
+def as_role(url: str, role: str) -> str:
+    import psycopg.conninfo
+
+    params = psycopg.conninfo.conninfo_to_dict(url)
+    params["user"] = role
+    return "postgresql://{user}@{host}:{port}/{dbname}".format(
+        user=role,
+        host=params.get("host", "127.0.0.1"),
+        port=params.get("port", 5432),
+        dbname=params.get("dbname", "postgres"),
+    )
+
+
+# --------------------------------------------------------------------------- no server needed
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_import_ctrlrun_never_imports_the_driver():
+    done = _python(
+        "import sys, ctrlrun; ctrlrun.Control; ctrlrun.protect; import ctrlrun.store; "
+        "import ctrlrun.postgres; "
+        "assert 'psycopg' not in sys.modules, sorted(m for m in sys.modules if 'psycopg' in m)"
+    )
+    assert done.returncode == 0, done.stderr
+    assert not hasattr(ctrlrun, "PostgresStateStore")  # not re-exported
+
+
+def test_missing_driver_is_missing_dependency():
+    done = _python(
+        "import sys; sys.modules['psycopg'] = None\n"
+        "from ctrlrun.errors import MissingDependency\n"
+        "from ctrlrun.store import open_store_url\n"
+        "try:\n"
+        "    open_store_url('postgresql://u@127.0.0.1:1/db')\n"
+        "except MissingDependency as exc:\n"
+        "    print(exc.module, exc.extra, isinstance(exc, ImportError), exc)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("psycopg postgres True ")
+    assert "ctrlrun[postgres]" in done.stdout
+    assert issubclass(MissingDependency, CTRLRunError)
+
+
+def test_split_store_url():
+    assert split_store_url("postgresql://u@h/db") == ("postgresql://u@h/db", None)
+    assert split_store_url("postgres://u@h:5/db?ctrlrun_schema=ops") == ("postgres://u@h:5/db", "ops")
+    assert split_store_url(
+        "postgresql://u:p%40ss@h1,h2/db?sslmode=require&ctrlrun_schema=ops&application_name=a"
+    ) == ("postgresql://u:p%40ss@h1,h2/db?sslmode=require&application_name=a", "ops")
+    for bad in (
+        "postgresql://h/db?ctrlrun_schema=",
+        "postgresql://h/db?ctrlrun_schema=a&ctrlrun_schema=b",
+        "mysql://h/db",
+        None,
+    ):
+        with pytest.raises(InvalidArgument):
+            split_store_url(bad)
+
+
+@pytest.mark.parametrize("schema", ["", "a b", "x;drop", '"q"', "9lives", "a" * 64, 7, None])
+def test_bad_schema_names_refused_before_connecting(schema):
+    with pytest.raises(InvalidArgument, match="schema"):
+        PostgresStateStore("postgresql://u@127.0.0.1:1/db", schema=schema)
+    with pytest.raises(InvalidArgument):
+        open_store_url(f"postgresql://u@127.0.0.1:1/db?ctrlrun_schema={schema}")
+
+
+def test_schema_given_twice_must_agree():
+    with pytest.raises(InvalidArgument, match="give one"):
+        PostgresStateStore("postgresql://u@127.0.0.1:1/db?ctrlrun_schema=a", schema="b")
+
+
+def test_unreachable_server_is_a_ctrlrun_error():
+    with pytest.raises(CTRLRunError, match="cannot reach") as info:
+        PostgresStateStore("postgresql://nobody:secret@127.0.0.1:1/db?connect_timeout=2")
+    assert "secret" not in str(info.value)  # the password is never echoed
+
+
+def test_clock_skew():
+    now = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
+    assert clock_skew(now, now + timedelta(seconds=0.9), 0.0) is None
+    assert clock_skew(now, now - timedelta(seconds=1.5), 0.2) == timedelta(seconds=1.3)
+    assert clock_skew(now, now + timedelta(seconds=1.5), 1.0) is None  # within the round trip
+    assert clock_skew(now, None, 0.0) is None
+
+
+# --------------------------------------------------------------------------- opening
+
+
+pytestmark_server = pytest.mark.postgres
+
+
+@pytestmark_server
+def test_fresh_schema_is_migrated_and_recorded(pg_url, pg_schema, clock):
+    PostgresStateStore(pg_url, schema=pg_schema, clock=clock).close()
+    assert tables(pg_url, pg_schema) == {
+        "schema_version", "effects", "approvals", "events", "receipts", "receipt_chain",
+    }  # fmt: skip
+    rows = admin(pg_url, f"SELECT migration_id, ctrlrun_version FROM {pg_schema}.schema_version")
+    assert [r[0] for r in rows] == [HEAD] and rows[0][1]
+    assert admin(pg_url, f"SELECT id, seq, hash FROM {pg_schema}.receipt_chain") == [
+        (1, 0, "sha256:" + "0" * 64)
+    ]
+    PostgresStateStore(pg_url, schema=pg_schema, clock=clock).close()  # at HEAD: nothing to do
+    assert len(admin(pg_url, f"SELECT * FROM {pg_schema}.schema_version")) == 1
+
+
+@pytestmark_server
+def test_open_store_url_strips_the_schema_parameter(pg_url, pg_schema, clock):
+    for scheme in ("postgresql://", "postgres://"):
+        url = scheme + pg_url.split("://", 1)[1]
+        store = open_store_url(
+            with_params(url, ctrlrun_schema=pg_schema, application_name="ctrlrun_t"), clock=clock
+        )
+        assert isinstance(store, PostgresStateStore) and store.schema == pg_schema
+        assert "ctrlrun_schema" not in store._conninfo and "application_name" in store._conninfo
+        store.reserve_effect(f"k{scheme}", "a1")
+        store.close()
+    assert "effects" not in tables(pg_url, "public")
+    store = PostgresStateStore(
+        with_params(pg_url.replace("postgresql://", "postgresql+psycopg://"), ctrlrun_schema=pg_schema)
+    )
+    assert len(store.list_effects()) == 2
+    store.close()
+
+
+@pytestmark_server
+def test_missing_schema_refused_and_not_created(pg_url):
+    name = "ctrlrun_t_missing_" + secrets.token_hex(4)
+    for migrate in (True, False):
+        with pytest.raises(InvalidArgument, match=f"{name}.*does not exist.*CREATE SCHEMA"):
+            PostgresStateStore(pg_url, schema=name, migrate=migrate)
+    assert admin(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", name) == []
+
+
+@pytestmark_server
+def test_schema_without_create_refused_naming_the_grant(pg_url, pg_schema, role):
+    admin(pg_url, f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")
+    with pytest.raises(InvalidArgument, match=f"GRANT CREATE ON SCHEMA \"{pg_schema}\""):
+        PostgresStateStore(as_role(pg_url, role), schema=pg_schema)
+    assert tables(pg_url, pg_schema) == set()
+    admin(pg_url, f"REVOKE USAGE ON SCHEMA {pg_schema} FROM {role}")
+    with pytest.raises(InvalidArgument, match="GRANT USAGE, CREATE"):
+        PostgresStateStore(as_role(pg_url, role), schema=pg_schema)
+
+
+@pytestmark_server
+def test_operator_role_without_create_may_open_a_migrated_store(pg_url, pg_schema, role):
+    PostgresStateStore(pg_url, schema=pg_schema).close()
+    admin(pg_url, f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")
+    with pytest.raises(InvalidArgument, match="permission denied.*GRANT"):  # no table rights
+        PostgresStateStore(as_role(pg_url, role), schema=pg_schema, migrate=False)
+    admin(pg_url, f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {pg_schema} TO {role}")
+    store = PostgresStateStore(as_role(pg_url, role), schema=pg_schema, migrate=False)
+    store.reserve_effect("k", "a1")
+    assert store.get_effect("k").state is EffectState.RESERVED
+    store.close()
+
+
+@pytestmark_server
+def test_non_utf8_database_refused(pg_url):
+    name = "ctrlrun_t_db_" + secrets.token_hex(4)
+    admin(
+        pg_url,
+        f"CREATE DATABASE {name} ENCODING 'SQL_ASCII' TEMPLATE template0 "
+        "LC_COLLATE 'C' LC_CTYPE 'C'",
+    )
+    try:
+        url = pg_url.rsplit("/", 1)[0] + "/" + name
+        with pytest.raises(InvalidArgument, match="SQL_ASCII, not UTF8"):
+            PostgresStateStore(url)
+        assert tables(url, "public") == set()
+    finally:
+        admin(pg_url, f"DROP DATABASE {name} WITH (FORCE)")
+
+
+@pytestmark_server
+def test_newer_schema_refused(pg_url, pg_schema):
+    PostgresStateStore(pg_url, schema=pg_schema).close()
+    admin(pg_url, f"INSERT INTO {pg_schema}.schema_version VALUES ('0002_future', 'x', '9.9.9')")
+    for migrate in (True, False):
+        with pytest.raises(SchemaMismatch, match="0002_future.*9.9.9") as info:
+            PostgresStateStore(pg_url, schema=pg_schema, migrate=migrate)
+        assert info.value.applied == ("0001_initial", "0002_future")
+
+
+@pytestmark_server
+def test_foreign_tables_refused_untouched(pg_url, pg_schema):
+    admin(pg_url, f"CREATE TABLE {pg_schema}.customers (id int)")
+    with pytest.raises(SchemaMismatch, match="no schema_version"):
+        PostgresStateStore(pg_url, schema=pg_schema)
+    assert tables(pg_url, pg_schema) == {"customers"}
+
+
+@pytestmark_server
+def test_failed_migration_rolls_back(pg_url, pg_schema):
+    # A version table with nothing recorded plus a clashing table: 0001 runs and fails.
+    admin(pg_url, f"CREATE TABLE {pg_schema}.schema_version "
+                  "(migration_id text primary key, applied_at text, ctrlrun_version text)")  # fmt: skip
+    admin(pg_url, f"CREATE TABLE {pg_schema}.receipts (x int)")
+    with pytest.raises(SchemaMismatch, match="rolled back"):
+        PostgresStateStore(pg_url, schema=pg_schema)
+    assert tables(pg_url, pg_schema) == {"schema_version", "receipts"}
+    assert admin(pg_url, f"SELECT * FROM {pg_schema}.schema_version") == []
+
+
+@pytestmark_server
+def test_migrate_false_creates_nothing(pg_url, pg_schema):
+    with pytest.raises(InvalidArgument, match="never creates or upgrades"):
+        PostgresStateStore(pg_url, schema=pg_schema, migrate=False)
+    with pytest.raises(InvalidArgument, match="never creates or upgrades"):
+        open_store_url(with_params(pg_url, ctrlrun_schema=pg_schema), migrate=False)
+    assert tables(pg_url, pg_schema) == set()
+
+
+@pytestmark_server
+def test_concurrent_opens_of_a_fresh_schema_all_succeed(pg_url, pg_schema):
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(6)
+
+    def open_one() -> None:
+        barrier.wait(timeout=30)
+        try:
+            PostgresStateStore(pg_url, schema=pg_schema).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert len(admin(pg_url, f"SELECT * FROM {pg_schema}.schema_version")) == 1
+
+
+# --------------------------------------------------------------------------- the tables
+
+
+@pytestmark_server
+def test_identity_columns_compare_bytewise(pg_url, pg, pg_schema):
+    rows = admin(
+        pg_url,
+        "SELECT table_name, column_name, collation_name FROM information_schema.columns "
+        "WHERE table_schema = %s AND data_type = 'text'",
+        pg_schema,
+    )
+    collations = {(t, c): coll for t, c, coll in rows}
+    for column in [("effects", "effect_key"), ("effects", "action_id"),
+                   ("approvals", "approval_id"), ("approvals", "action_hash"),
+                   ("receipts", "receipt_id"), ("effects", "created_at"),
+                   ("approvals", "expires_at")]:  # fmt: skip
+        assert collations[column] == "C", column
+    for key in ("b", "B", "a", "é", "e\u0301", "Z"):
+        pg.reserve_effect(key, "a1")
+    ordered = [r.effect_key for r in pg.list_effects()]  # same created_at: by key, bytewise
+    assert ordered == sorted(ordered) and len(set(ordered)) == 6  # é and e+U+0301 stay two keys
+
+
+@pytestmark_server
+def test_every_statement_names_its_schema(pg_url, pg_schema, clock):
+    url = with_params(pg_url, options="-csearch_path%3Dnowhere")  # no schema on the path
+    store = PostgresStateStore(url, schema=pg_schema, clock=clock)
+    store.reserve_effect("k", "a1")
+    store.put_receipt(make_receipt())
+    assert store.get_effect("k").attempt == 1 and store.chain_head()[0] == 1
+    store.close()
+    assert not tables(pg_url, "public") & {"effects", "receipts", "schema_version"}
+
+
+@pytestmark_server
+def test_connections_never_idle_in_a_transaction(pg_url, pg):
+    pg.reserve_effect("k", "a1")
+    pg.get_effect("k")
+    pg.list_effects()
+    pid = pg._conn().connection.dbapi_connection.info.backend_pid
+    ((state, autocommit_ok),) = admin(
+        pg_url, "SELECT state, backend_xid IS NULL FROM pg_stat_activity WHERE pid = %s", pid
+    )
+    assert state == "idle" and autocommit_ok
+    pg.close()
+    assert admin(pg_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", pid) in ([], None)
+
+
+@pytestmark_server
+def test_stale_writer_under_read_committed(pg_url, pg_schema, clock):
+    """C4 across connections: a write that read before another committed changes nothing."""
+    first = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
+    second = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
+    try:
+        first.reserve_effect("k", "a1")
+
+        def interleaved(tx, now):
+            stale = tx.effect("k")
+            second.begin_execution("k", "a1")  # commits on its own connection meanwhile
+            return tx.update_effect(stale, replace(stale, action_id="thief"))
+
+        assert first._write(interleaved) is False
+        assert first.get_effect("k").state is EffectState.EXECUTING
+        assert first.get_effect("k").action_id == "a1"
+    finally:
+        first.close()
+        second.close()
+
+
+# --------------------------------------------------------------------------- lost COMMIT
+
+
+class FaultyCommit:
+    """Wraps one write transaction so its COMMIT fails in a chosen way."""
+
+    def __init__(self, store, conn, how: str, url: str) -> None:
+        self.transaction = PostgresStateStore._begin_write(store, conn)
+        self.conn, self.how, self.url = conn, how, url
+
+    @property
+    def is_active(self) -> bool:
+        return self.transaction.is_active
+
+    def commit(self) -> None:
+        import psycopg
+        from sqlalchemy.exc import OperationalError
+
+        if self.how == "reply_lost":  # committed, but the answer never arrived
+            self.transaction.commit()
+            raise OperationalError(
+                "COMMIT", {}, psycopg.OperationalError("server closed the connection")
+            )
+        if self.how == "terminated":  # the server goes away right before COMMIT
+            pid = self.conn.connection.dbapi_connection.info.backend_pid
+            admin(self.url, "SELECT pg_terminate_backend(%s)", pid)
+            self.transaction.commit()
+            raise AssertionError("COMMIT on a terminated connection succeeded")
+        if self.how in ("serialization", "deadlock"):
+            self.transaction.rollback()
+            error = {
+                "serialization": psycopg.errors.SerializationFailure,
+                "deadlock": psycopg.errors.DeadlockDetected,
+            }[self.how]
+            raise OperationalError("COMMIT", {}, error("could not serialize"))
+        raise AssertionError(self.how)
+
+    def rollback(self) -> None:
+        if self.transaction.is_active:
+            self.transaction.rollback()
+
+
+def fail_next_commit(monkeypatch, store, how: str, url: str) -> list[int]:
+    """Make the next write's COMMIT fail; later writes are normal again."""
+    used: list[int] = []
+
+    def begin(conn):
+        if used:
+            return PostgresStateStore._begin_write(store, conn)
+        used.append(1)
+        return FaultyCommit(store, conn, how, url)
+
+    monkeypatch.setattr(store, "_begin_write", begin)
+    return used
+
+
+@pytestmark_server
+@pytest.mark.parametrize("how", ["reply_lost", "terminated"])
+def test_lost_commit_is_ambiguous_write(pg_url, pg, monkeypatch, how):
+    fail_next_commit(monkeypatch, pg, how, pg_url)
+    with pytest.raises(AmbiguousWrite, match="outcome is unknown"):
+        pg.reserve_effect("k", "a1")
+    record = pg.get_effect("k")  # the store carries on (a fresh connection if it lost one)
+    if how == "reply_lost":
+        assert record.state is EffectState.RESERVED  # it did commit: the lease settles it
+        with pytest.raises(DuplicateEffect):
+            pg.reserve_effect("k", "a2")
+    else:
+        assert record is None  # it did not
+        assert pg.reserve_effect("k", "a2").attempt == 1
+
+
+@pytestmark_server
+@pytest.mark.parametrize("how", ["serialization", "deadlock"])
+def test_commit_rolled_back_by_the_server_is_not_ambiguous(pg_url, pg, monkeypatch, how):
+    fail_next_commit(monkeypatch, pg, how, pg_url)
+    with pytest.raises(CTRLRunError, match="nothing was written") as info:
+        pg.reserve_effect("k", "a1")
+    assert not isinstance(info.value, AmbiguousWrite)
+    assert pg.get_effect("k") is None
+
+
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  stripe.refund:
+    effect: "refund:{payment_id}"
+    decision: allow
+"""
+
+
+@pytestmark_server
+def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, monkeypatch):
+    calls: list[str] = []
+    control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
+
+    @protect("stripe.refund", control=control)
+    def refund(payment_id: str, amount: int) -> str:
+        calls.append(payment_id)
+        return "ok"
+
+    fail_next_commit(monkeypatch, pg, "reply_lost", pg_url)
+    with context(agent="agent-1"):
+        with pytest.raises(AmbiguousWrite):
+            refund(payment_id="txn_1", amount=100)
+        assert calls == [] and pg.receipts() == ()  # no receipt: the store is what failed
+        record = pg.get_effect("refund:txn_1")
+        assert record.state is EffectState.EXECUTING  # the start did commit
+        with pytest.raises(DuplicateEffect) as info:  # and nobody may run it on a guess
+            refund(payment_id="txn_1", amount=100)
+        assert info.value.state == "in_progress"
+        assert calls == []
+        assert refund(payment_id="txn_2", amount=100) == "ok" and calls == ["txn_2"]
+
+
+# --------------------------------------------------------------------------- the default Control
+
+
+@pytestmark_server
+def test_default_control_uses_ctrlrun_store_url(pg_url, pg_schema, tmp_path, monkeypatch):
+    for name in ("CTRLRUN_CONFIG", "CTRLRUN_STATE", "CTRLRUN_ENVIRONMENT"):
+        monkeypatch.delenv(name, raising=False)
+    shutil.copy(ROOT / "ctrlrun.yaml", tmp_path / "ctrlrun.yaml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CTRLRUN_STORE_URL", with_params(pg_url, ctrlrun_schema=pg_schema))
+    ctrlrun.reset()
+    try:
+
+        @ctrlrun.protect("customer.read")
+        def read(customer_id: str) -> str:
+            return customer_id
+
+        with ctrlrun.context(agent="a"):
+            assert read("c1") == "c1"
+        control = ctrlrun._default.default_control()
+        assert isinstance(control.store, PostgresStateStore)
+        assert control.store.schema == pg_schema and control.sinks == ()  # no JSONL copy
+        assert [r.result for r in control.store.receipts()] == ["committed"]
+        assert not (tmp_path / ".ctrlrun").exists()
+    finally:
+        ctrlrun.reset()
+
+
+@pytestmark_server
+def test_schema_dropped_under_a_running_store_is_a_ctrlrun_error(pg_url, clock):
+    schema = create_pg_schema(pg_url)
+    store = PostgresStateStore(pg_url, schema=schema, clock=clock)
+    drop_pg_schema(pg_url, schema)
+    with pytest.raises(CTRLRunError, match="Postgres store"):
+        store.reserve_effect("k", "a1")
+    with pytest.raises(CTRLRunError):
+        store.get_effect("k")
+    store.close()
