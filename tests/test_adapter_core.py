@@ -145,9 +145,9 @@ def test_grant_with_matching_arguments_commits_once(make, store):
         "ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
         "EXECUTION_STARTED", "EXECUTION_COMMITTED",
     ]  # fmt: skip
-    consumed = [e for e in store.events() if str(e.type) == "APPROVAL_CONSUMED"][0]
+    consumed = next(e for e in store.events() if str(e.type) == "APPROVAL_CONSUMED")
     assert consumed.data["approver"] == "ada@example.com"
-    reserved = [e for e in store.events() if str(e.type) == "EFFECT_RESERVED"][0]
+    reserved = next(e for e in store.events() if str(e.type) == "EFFECT_RESERVED")
     assert reserved.effect_key == "credit:inv-1"
     (receipt,) = store.receipts()
     assert (receipt.result, receipt.approver) == ("committed", "ada@example.com")

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import sys
 
+from ctrlrun_langgraph import LangGraphInterrupt
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
 
-from ctrlrun import ActionDenied, Control, DuplicateEffect, Policy, SQLiteStateStore, context, protect
+from ctrlrun import (
+    ActionDenied,
+    Control,
+    DuplicateEffect,
+    Policy,
+    SQLiteStateStore,
+    context,
+    protect,
+)
 from ctrlrun.adapter import InterruptApprovalProvider
-from ctrlrun_langgraph import LangGraphInterrupt
 
 store = SQLiteStateStore(".ctrlrun/state.db")
 control = Control(Policy.from_file("ctrlrun.yaml"), store,

@@ -17,12 +17,16 @@ from agents import Agent, set_tracing_disabled
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.usage import Usage
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from ctrlrun_openai_agents import AgentsInterrupt, protected_tool, run_sync
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 
 from ctrlrun import ActionDenied, Control, Policy, SQLiteStateStore, protect
 from ctrlrun.adapter import InterruptApprovalProvider
 from ctrlrun.identity import StaticIdentityProvider
-from ctrlrun_openai_agents import AgentsInterrupt, protected_tool, run_sync
 
 set_tracing_disabled(True)  # offline: no trace export
 

@@ -13,7 +13,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from ._time import utc_now
@@ -31,14 +31,15 @@ from .errors import ApprovalMismatch, ApprovalTimeout, CTRLRunError, InvalidArgu
 from .policy import Decision, render_resource
 
 __all__ = [
+    "OBSERVE_BANNER",
     "ApprovalAnswer",
     "ApprovalNotAsked",
     "FrameworkInterrupt",
     "InterruptApprovalProvider",
-    "OBSERVE_BANNER",
     "PendingApproval",
     "banner",
     "needs_approval",
+    "observing",
 ]
 
 log = logging.getLogger("ctrlrun")
@@ -61,8 +62,10 @@ class ApprovalNotAsked(CTRLRunError, RuntimeError):
 
 def _utc(moment: Any, what: str) -> datetime:
     if not isinstance(moment, datetime) or moment.utcoffset() is None:
-        raise InvalidArgument(f"PendingApproval {what} must be a timezone-aware datetime, got {moment!r}")
-    return moment.astimezone(timezone.utc)
+        raise InvalidArgument(
+            f"PendingApproval {what} must be a timezone-aware datetime, got {moment!r}"
+        )
+    return moment.astimezone(UTC)
 
 
 def _text(value: Any, what: str, *, optional: bool = False) -> None:

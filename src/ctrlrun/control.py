@@ -222,26 +222,15 @@ class Control:
     # -- the pipeline ----------------------------------------------------------------------
 
     def run(
-        self,
-        action: Action,
-        executor: Callable[[], Any],
-        effect_key: str | None = None,
-        *,
-        lease: timedelta | None = None,
-        reconcile: Reconcile | None = None,
-        reconcile_eagerly: bool = False,
-        preconditions: Any = None,
-        task: str | None = None,
-        hop: str | None = None,
-        scope: Any = None,
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
     ) -> tuple[Any, Receipt]:
         """normalize → decide → approve → reserve → execute → resolve → record.
 
-        Returns the executor's value and the terminal receipt, or raises the refusal.
+        Takes ``execute``'s options; returns the executor's value and the terminal receipt, or
+        raises the refusal.
         """
-        options = self._options(action, effect_key, lease, reconcile, reconcile_eagerly, preconditions)
-        options = _Options(options.effect_key, options.lease, options.reconcile,
-                           options.reconcile_eagerly, task, hop)  # fmt: skip
+        options = self._options(action, effect_key, **settings)
+        task, hop = options.task, options.hop
         approval_id = _ambient.presented_approval()
         attempt = self._attempt(action, options.effect_key, approval_id, task, hop)
 
@@ -276,7 +265,19 @@ class Control:
         # execute, resolve, record
         return self._execute(attempt, options, executor, reservation)
 
-    def _options(self, action, effect_key, lease, reconcile, reconcile_eagerly, preconditions) -> _Options:
+    def _options(
+        self,
+        action: Action,
+        effect_key: str | None,
+        *,
+        lease: timedelta | None = None,
+        reconcile: Reconcile | None = None,
+        reconcile_eagerly: bool = False,
+        preconditions: Any = None,
+        task: str | None = None,
+        hop: str | None = None,
+        scope: Any = None,
+    ) -> _Options:
         if action.environment != self._environment:
             raise InvalidArgument(
                 f"action {action.name!r} is for environment {action.environment!r} but this "
@@ -298,7 +299,7 @@ class Control:
         if reconcile_eagerly and reconcile is None:
             raise InvalidArgument(f"reconcile_eagerly=True for {action.name!r} needs reconcile=")
         lease = self._lease if lease is None else _positive(lease, "lease")
-        return _Options(effect_key, lease, reconcile, reconcile_eagerly, None, None)
+        return _Options(effect_key, lease, reconcile, reconcile_eagerly, task, hop)
 
     def _attempt(self, action, effect_key, approval_id, task, hop) -> Attempt:
         return Attempt(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from ctrlrun_langgraph import CHANNEL, RESUME_SHAPE, LangGraphInterrupt
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command
@@ -32,7 +33,6 @@ from ctrlrun.adapter import (
     InterruptApprovalProvider,
 )
 from ctrlrun.identity import StaticIdentityProvider
-from ctrlrun_langgraph import CHANNEL, RESUME_SHAPE, LangGraphInterrupt
 
 # The starter policy's refund rules: up to 500.00 runs, up to 5,000.00 needs a human.
 REFUND_POLICY = """\
@@ -296,7 +296,7 @@ POLICY = "schema: ctrlrun.policy/v2\nactions:\n  billing.credit: {decision: appr
 
 class Clock:
     def __init__(self) -> None:
-        self.now = datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
+        self.now = datetime(2026, 11, 30, 9, 0, tzinfo=UTC)
 
     def __call__(self) -> datetime:
         return self.now
@@ -404,7 +404,7 @@ def test_empty_and_none_resume_values_never_reach_the_adapter():
     app.single.invoke({"invoice": "inv-1", "cents": 5}, cfg)
     again = app.single.invoke(Command(resume={}), cfg)  # an empty interrupt-id map
     assert "__interrupt__" in again
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - LangGraph's own, version-dependent error
         app.single.invoke(Command(resume=None), cfg)  # fails inside LangGraph
     assert spy.answered == [] and app.ran == [] and app.store.receipts() == ()
 

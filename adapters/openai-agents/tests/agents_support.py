@@ -8,7 +8,11 @@ from typing import Any
 from agents.items import ModelResponse
 from agents.models.interface import Model
 from agents.usage import Usage
-from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage, ResponseOutputText
+from openai.types.responses import (
+    ResponseFunctionToolCall,
+    ResponseOutputMessage,
+    ResponseOutputText,
+)
 
 
 class ScriptedModel(Model):
@@ -23,7 +27,7 @@ class ScriptedModel(Model):
         if self.turn == 1:
             output: list[Any] = [
                 ResponseFunctionToolCall(type="function_call", id=f"fc_{n}", call_id=f"call_{n}",
-                                         name=name, arguments=json.dumps(arguments))  # fmt: skip
+                                         name=name, arguments=json.dumps(arguments))
                 for n, (name, arguments) in enumerate(self.calls, start=1)
             ]
         else:
@@ -31,7 +35,7 @@ class ScriptedModel(Model):
                 ResponseOutputMessage(
                     type="message", id=f"msg_{self.turn}", role="assistant", status="completed",
                     content=[ResponseOutputText(type="output_text", text="finished", annotations=[])],
-                )  # fmt: skip
+                )
             ]
         return ModelResponse(output=output, usage=Usage(), response_id=None)
 

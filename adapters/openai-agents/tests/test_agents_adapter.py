@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from types import SimpleNamespace
@@ -12,6 +13,17 @@ import pytest
 from agents import Agent, RunState, function_tool
 from agents.exceptions import AgentsException, UserError
 from agents_support import ScriptedModel
+from ctrlrun_openai_agents import (
+    CHANNEL,
+    AgentsInterrupt,
+    ApprovalNotAsked,
+    approval_gate,
+    exact_decision,
+    protected_tool,
+    run,
+    run_sync,
+    unwrap,
+)
 
 from ctrlrun import (
     ActionDenied,
@@ -26,17 +38,6 @@ from ctrlrun import (
 )
 from ctrlrun.adapter import FrameworkInterrupt, InterruptApprovalProvider
 from ctrlrun.identity import StaticIdentityProvider
-from ctrlrun_openai_agents import (
-    CHANNEL,
-    AgentsInterrupt,
-    ApprovalNotAsked,
-    approval_gate,
-    exact_decision,
-    protected_tool,
-    run,
-    run_sync,
-    unwrap,
-)
 
 POLICY = """\
 schema: ctrlrun.policy/v2
@@ -405,7 +406,7 @@ def test_protected_tool_refuses_needs_approval_and_empty_actions(app):
 
 def test_approval_gate_decides_without_writing(app):
     gate = approval_gate(app.control, "billing.credit")
-    ask = lambda params: asyncio.run(gate(None, params, "call_1"))  # noqa: E731
+    ask = lambda params: asyncio.run(gate(None, params, "call_1"))
     assert ask({"invoice": "i", "cents": 5000}) is True
     assert ask({"invoice": "i", "cents": 500}) is False  # allow
     assert ask({"invoice": "i", "cents": 10**7}) is False  # deny: runs into Control
@@ -441,7 +442,7 @@ def test_failure_error_function_defaults_to_none(app):
 
 
 def chain(*errors: BaseException) -> BaseException:
-    for outer, inner in zip(errors, errors[1:]):
+    for outer, inner in itertools.pairwise(errors):
         outer.__cause__ = inner
     return errors[0]
 

@@ -64,10 +64,7 @@ _invocation: ContextVar[_Invocation | None] = ContextVar("ctrlrun_agents_invocat
 def _names_of(tool_context: Any) -> set[str]:
     names = set()
     for attribute in ("tool_name", "qualified_tool_name"):
-        try:
-            value = getattr(tool_context, attribute, None)
-        except Exception:  # a property of a future SDK that cannot answer
-            value = None
+        value = getattr(tool_context, attribute, None)
         if isinstance(value, str) and value:
             names.add(value)
     return names
