@@ -169,10 +169,10 @@ def test_clock_skew():
 # --------------------------------------------------------------------------- opening
 
 
-pytestmark_server = pytest.mark.postgres
+needs_server = pytest.mark.postgres
 
 
-@pytestmark_server
+@needs_server
 def test_fresh_schema_is_migrated_and_recorded(pg_url, pg_schema, clock):
     PostgresStateStore(pg_url, schema=pg_schema, clock=clock).close()
     assert tables(pg_url, pg_schema) == {
@@ -187,7 +187,7 @@ def test_fresh_schema_is_migrated_and_recorded(pg_url, pg_schema, clock):
     assert len(admin(pg_url, f"SELECT * FROM {pg_schema}.schema_version")) == 1
 
 
-@pytestmark_server
+@needs_server
 def test_open_store_url_strips_the_schema_parameter(pg_url, pg_schema, clock):
     for scheme in ("postgresql://", "postgres://"):
         url = scheme + pg_url.split("://", 1)[1]
@@ -206,7 +206,7 @@ def test_open_store_url_strips_the_schema_parameter(pg_url, pg_schema, clock):
     store.close()
 
 
-@pytestmark_server
+@needs_server
 def test_missing_schema_refused_and_not_created(pg_url):
     name = "ctrlrun_t_missing_" + secrets.token_hex(4)
     for migrate in (True, False):
@@ -215,7 +215,7 @@ def test_missing_schema_refused_and_not_created(pg_url):
     assert admin(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", name) == []
 
 
-@pytestmark_server
+@needs_server
 def test_schema_without_create_refused_naming_the_grant(pg_url, pg_schema, role):
     admin(pg_url, f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")
     with pytest.raises(InvalidArgument, match=f"GRANT CREATE ON SCHEMA \"{pg_schema}\""):
@@ -226,7 +226,7 @@ def test_schema_without_create_refused_naming_the_grant(pg_url, pg_schema, role)
         PostgresStateStore(as_role(pg_url, role), schema=pg_schema)
 
 
-@pytestmark_server
+@needs_server
 def test_operator_role_without_create_may_open_a_migrated_store(pg_url, pg_schema, role):
     PostgresStateStore(pg_url, schema=pg_schema).close()
     admin(pg_url, f"GRANT USAGE ON SCHEMA {pg_schema} TO {role}")
@@ -239,7 +239,7 @@ def test_operator_role_without_create_may_open_a_migrated_store(pg_url, pg_schem
     store.close()
 
 
-@pytestmark_server
+@needs_server
 def test_non_utf8_database_refused(pg_url):
     name = "ctrlrun_t_db_" + secrets.token_hex(4)
     admin(
@@ -256,7 +256,7 @@ def test_non_utf8_database_refused(pg_url):
         admin(pg_url, f"DROP DATABASE {name} WITH (FORCE)")
 
 
-@pytestmark_server
+@needs_server
 def test_newer_schema_refused(pg_url, pg_schema):
     PostgresStateStore(pg_url, schema=pg_schema).close()
     admin(pg_url, f"INSERT INTO {pg_schema}.schema_version VALUES ('0002_future', 'x', '9.9.9')")
@@ -266,7 +266,7 @@ def test_newer_schema_refused(pg_url, pg_schema):
         assert info.value.applied == ("0001_initial", "0002_future")
 
 
-@pytestmark_server
+@needs_server
 def test_foreign_tables_refused_untouched(pg_url, pg_schema):
     admin(pg_url, f"CREATE TABLE {pg_schema}.customers (id int)")
     with pytest.raises(SchemaMismatch, match="no schema_version"):
@@ -274,7 +274,7 @@ def test_foreign_tables_refused_untouched(pg_url, pg_schema):
     assert tables(pg_url, pg_schema) == {"customers"}
 
 
-@pytestmark_server
+@needs_server
 def test_failed_migration_rolls_back(pg_url, pg_schema):
     # A version table with nothing recorded plus a clashing table: 0001 runs and fails.
     admin(pg_url, f"CREATE TABLE {pg_schema}.schema_version "
@@ -286,7 +286,7 @@ def test_failed_migration_rolls_back(pg_url, pg_schema):
     assert admin(pg_url, f"SELECT * FROM {pg_schema}.schema_version") == []
 
 
-@pytestmark_server
+@needs_server
 def test_migrate_false_creates_nothing(pg_url, pg_schema):
     with pytest.raises(InvalidArgument, match="never creates or upgrades"):
         PostgresStateStore(pg_url, schema=pg_schema, migrate=False)
@@ -295,7 +295,7 @@ def test_migrate_false_creates_nothing(pg_url, pg_schema):
     assert tables(pg_url, pg_schema) == set()
 
 
-@pytestmark_server
+@needs_server
 def test_concurrent_opens_of_a_fresh_schema_all_succeed(pg_url, pg_schema):
     errors: list[BaseException] = []
     barrier = threading.Barrier(6)
@@ -319,7 +319,7 @@ def test_concurrent_opens_of_a_fresh_schema_all_succeed(pg_url, pg_schema):
 # --------------------------------------------------------------------------- the tables
 
 
-@pytestmark_server
+@needs_server
 def test_identity_columns_compare_bytewise(pg_url, pg, pg_schema):
     rows = admin(
         pg_url,
@@ -339,7 +339,7 @@ def test_identity_columns_compare_bytewise(pg_url, pg, pg_schema):
     assert ordered == sorted(ordered) and len(set(ordered)) == 6  # é and e+U+0301 stay two keys
 
 
-@pytestmark_server
+@needs_server
 def test_every_statement_names_its_schema(pg_url, pg_schema, clock):
     url = with_params(pg_url, options="-csearch_path%3Dnowhere")  # no schema on the path
     store = PostgresStateStore(url, schema=pg_schema, clock=clock)
@@ -350,7 +350,7 @@ def test_every_statement_names_its_schema(pg_url, pg_schema, clock):
     assert not tables(pg_url, "public") & {"effects", "receipts", "schema_version"}
 
 
-@pytestmark_server
+@needs_server
 def test_connections_never_idle_in_a_transaction(pg_url, pg):
     pg.reserve_effect("k", "a1")
     pg.get_effect("k")
@@ -364,7 +364,7 @@ def test_connections_never_idle_in_a_transaction(pg_url, pg):
     assert admin(pg_url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", pid) in ([], None)
 
 
-@pytestmark_server
+@needs_server
 def test_stale_writer_under_read_committed(pg_url, pg_schema, clock):
     """C4 across connections: a write that read before another committed changes nothing."""
     first = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
@@ -441,7 +441,7 @@ def fail_next_commit(monkeypatch, store, how: str, url: str) -> list[int]:
     return used
 
 
-@pytestmark_server
+@needs_server
 @pytest.mark.parametrize("how", ["reply_lost", "terminated"])
 def test_lost_commit_is_ambiguous_write(pg_url, pg, monkeypatch, how):
     fail_next_commit(monkeypatch, pg, how, pg_url)
@@ -457,7 +457,7 @@ def test_lost_commit_is_ambiguous_write(pg_url, pg, monkeypatch, how):
         assert pg.reserve_effect("k", "a2").attempt == 1
 
 
-@pytestmark_server
+@needs_server
 @pytest.mark.parametrize("how", ["serialization", "deadlock"])
 def test_commit_rolled_back_by_the_server_is_not_ambiguous(pg_url, pg, monkeypatch, how):
     fail_next_commit(monkeypatch, pg, how, pg_url)
@@ -476,7 +476,7 @@ actions:
 """
 
 
-@pytestmark_server
+@needs_server
 def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, monkeypatch):
     calls: list[str] = []
     control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
@@ -503,7 +503,7 @@ def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, 
 # --------------------------------------------------------------------------- the default Control
 
 
-@pytestmark_server
+@needs_server
 def test_default_control_uses_ctrlrun_store_url(pg_url, pg_schema, tmp_path, monkeypatch):
     for name in ("CTRLRUN_CONFIG", "CTRLRUN_STATE", "CTRLRUN_ENVIRONMENT"):
         monkeypatch.delenv(name, raising=False)
@@ -528,7 +528,7 @@ def test_default_control_uses_ctrlrun_store_url(pg_url, pg_schema, tmp_path, mon
         ctrlrun.reset()
 
 
-@pytestmark_server
+@needs_server
 def test_schema_dropped_under_a_running_store_is_a_ctrlrun_error(pg_url, clock):
     schema = create_pg_schema(pg_url)
     store = PostgresStateStore(pg_url, schema=schema, clock=clock)

@@ -353,8 +353,8 @@ def test_open_store_url(tmp_path, clock):
     assert isinstance(store, SQLiteStateStore) and store.path == tmp_path / "u.db"
     store.reserve_effect("k", "a", timedelta(seconds=1))
     store.close()
-    for url in ("postgresql://localhost/db", "postgres://x"):
-        with pytest.raises(InvalidArgument, match="not built yet"):
+    for url in ("postgresql://u@127.0.0.1:1/db", "postgres://u@127.0.0.1:1/db"):
+        with pytest.raises(CTRLRunError, match="Postgres store"):  # routed to PostgresStateStore
             open_store_url(url)
     for url in ("sqlite://", "mysql://x", "", "state.db", None):
         with pytest.raises(InvalidArgument):

@@ -463,3 +463,21 @@ def test_unwrap_terminates_on_cycles():
     a, b = UserError("a"), AgentsException("b")
     a.__cause__, b.__cause__ = b, a
     assert unwrap(a) in (a, b)
+
+
+def test_wrapping_keeps_the_sdks_own_invoker_and_argument_inspection(app):
+    async def credit_default(invoice: str, cents: int = 5000) -> str:
+        """Credit an invoice (5000 cents unless told otherwise)."""
+        return app.credit(invoice=invoice, cents=cents)
+
+    plain = function_tool(credit_default, name_override="credit")
+    tool = protected_tool(app.control, "billing.credit", credit_default, name_override="credit")
+    assert type(tool.on_invoke_tool) is type(plain.on_invoke_tool)
+    if not hasattr(tool.on_invoke_tool, "prepare_arguments"):
+        pytest.skip("this SDK does not inspect arguments before approval")
+    # The SDK asks a human itself when defaults change the arguments (the gate alone would have
+    # said no: it sees no `cents`); the answer then reaches ctrlrun for exactly this call.
+    agent = app.agent(tool, calls=[("credit", {"invoice": "inv-7"})])
+    assert approve_all(app, agent).final_output == "finished"
+    assert app.ran == [("inv-7", 5000)]
+    assert app.store.receipts()[-1].approver == CHANNEL
