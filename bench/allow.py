@@ -11,68 +11,81 @@ The store's ``transactions`` counter is read around the protected batches only.
 
 from __future__ import annotations
 
-from .common import AGENT, ALLOWED_AMOUNT, Results, Row, Settings, fresh_dir, interleave, refund
+from .common import (
+    AGENT,
+    ALLOWED_AMOUNT,
+    Results,
+    Row,
+    Settings,
+    fresh_dir,
+    interleave,
+    refund,
+)
 from .pg import Postgres
 from .stores import open_store, protected_refund, usable_stores
 
 
 def run(settings: Settings, pg: Postgres, results: Results) -> None:
+    for kind in usable_stores(settings, pg, results):
+        _measure(kind, settings, pg, results)
+
+
+def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> None:
     import ctrlrun
 
-    for kind in usable_stores(settings, pg, results):
-        print(f"- allow path, {kind}: {settings.calls} calls per variant", flush=True)
-        with fresh_dir(settings, f"allow-{kind}") as directory:
-            opened = open_store(kind, directory, pg)
-            try:
-                store = opened.store
-                _, protected = protected_refund(store)
-                executed = {"n": 0}
+    print(f"- allow path, {kind}: {settings.calls} calls per variant", flush=True)
+    with fresh_dir(settings, f"allow-{kind}") as directory:
+        opened = open_store(kind, directory, pg)
+        try:
+            store = opened.store
+            _, protected = protected_refund(store)
+            executed = {"n": 0}
 
-                def call_protected(i: int) -> None:
-                    protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
-                    executed["n"] += 1
+            def call_protected(i: int) -> None:
+                protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
+                executed["n"] += 1
 
-                def call_unprotected(i: int) -> None:
-                    refund(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
+            def call_unprotected(i: int) -> None:
+                refund(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
 
-                variants = [("protected", call_protected), ("unprotected", call_unprotected)]
-                if opened.raw is not None:
-                    variants.append(("raw 2 commits", opened.raw.two_commits))
+            variants = [("protected", call_protected), ("unprotected", call_unprotected)]
+            if opened.raw is not None:
+                variants.append(("raw 2 commits", opened.raw.two_commits))
 
-                counted = {"tx": 0, "calls": 0, "mark": 0}
+            counted = {"tx": 0, "calls": 0, "mark": 0}
 
-                def before(name: str) -> None:
-                    counted["mark"] = store.transactions
+            def before(name: str) -> None:
+                counted["mark"] = store.transactions
 
-                def after(name: str, n: int) -> None:
-                    if name == "protected":
-                        counted["tx"] += store.transactions - counted["mark"]
-                        counted["calls"] += n
+            def after(name: str, n: int) -> None:
+                if name == "protected":
+                    counted["tx"] += store.transactions - counted["mark"]
+                    counted["calls"] += n
 
-                with ctrlrun.context(agent=AGENT):
-                    series = interleave(
-                        variants,
-                        calls=settings.calls,
-                        rounds=settings.rounds,
-                        warmup=settings.warmup,
-                        before=before,
-                        after=after,
-                    )
-                expected = settings.calls + settings.warmup
-                if executed["n"] != expected:
-                    results.violation(
-                        f"allow path on {kind}: the function ran {executed['n']} times for "
-                        f"{expected} allowed calls"
-                    )
-                tx = counted["tx"] / counted["calls"] if counted["calls"] else None
-                results.rows.append(Row("allow", kind, "protected", series["protected"], tx))
-                results.rows.append(Row("allow", kind, "unprotected", series["unprotected"]))
-                if opened.raw is not None:
-                    note = ""
-                    if kind.startswith("sqlite-"):
-                        note = f"synchronous={opened.raw.synchronous} (0 OFF,1 NORMAL,2 FULL), WAL"
-                    results.rows.append(
-                        Row("allow", kind, "raw 2 commits", series["raw 2 commits"], 2.0, note)
-                    )
-            finally:
-                opened.close()
+            with ctrlrun.context(agent=AGENT):
+                series = interleave(
+                    variants,
+                    calls=settings.calls,
+                    rounds=settings.rounds,
+                    warmup=settings.warmup,
+                    before=before,
+                    after=after,
+                )
+            expected = settings.calls + settings.warmup
+            if executed["n"] != expected:
+                results.violation(
+                    f"allow path on {kind}: the function ran {executed['n']} times for "
+                    f"{expected} allowed calls"
+                )
+            tx = counted["tx"] / counted["calls"] if counted["calls"] else None
+            results.rows.append(Row("allow", kind, "protected", series["protected"], tx))
+            results.rows.append(Row("allow", kind, "unprotected", series["unprotected"]))
+            if opened.raw is not None:
+                note = ""
+                if kind.startswith("sqlite-"):
+                    note = f"synchronous={opened.raw.synchronous} (0 OFF,1 NORMAL,2 FULL), WAL"
+                results.rows.append(
+                    Row("allow", kind, "raw 2 commits", series["raw 2 commits"], 2.0, note)
+                )
+        finally:
+            opened.close()

@@ -47,7 +47,7 @@ def write(results_text: str, profile_text: str | None, machine: dict[str, Any], 
         ) + "\n"
     for name, body in generated.items():
         pattern = re.compile(
-            re.escape(marker(name, "begin")) + r".*?" + re.escape(marker(name, "end")), re.S
+            re.escape(marker(name, "begin")) + r".*?" + re.escape(marker(name, "end")), re.DOTALL
         )
         if not pattern.search(text):
             raise SystemExit(
@@ -55,6 +55,6 @@ def write(results_text: str, profile_text: str | None, machine: dict[str, Any], 
                 f"  {marker(name, 'begin')}\n  {marker(name, 'end')}"
             )
         replacement = f"{marker(name, 'begin')}\n{body}\n{marker(name, 'end')}"
-        text = pattern.sub(lambda _: replacement, text, count=1)
+        text = pattern.sub(lambda _, r=replacement: r, text, count=1)
     path.write_text(text, encoding="utf-8")
     print(f"wrote the generated sections of {path}")

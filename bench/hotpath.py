@@ -1,30 +1,65 @@
-"""Where the time goes: cProfile of the SQLite allow path, and the SQL it sends per call.
+"""Where the time goes on the SQLite allow path: the SQL it sends, that SQL alone, and a profile.
 
-Two runs on a fresh SQLite store (durability FULL, the default):
+Three measurements on fresh SQLite stores:
 
-1. without the profiler, an engine event listener counts the statements per allowed call by
-   kind (the commits are the store's ``transactions``);
-2. under cProfile, every function's own time (``tottime``) is summed into categories that
-   partition the run — SQLAlchemy, the sqlite3 driver's execute and its COMMIT, JSON, hashing,
-   ctrlrun's own code, the rest — and the top functions are listed.
-
-cProfile slows Python code several times more than it slows C calls (execute, COMMIT), so the
-shares of Python-heavy categories are overstated; the per-call totals printed here are for the
-profiled run only, and the table's unprofiled figures are the ones to quote.
+1. **The SQL per call.** An engine event listener records every statement (and its parameters)
+   the store sends for N allowed calls, and every COMMIT.
+2. **That SQL alone** (durability FULL and NORMAL). The recorded statements are replayed, call by
+   call, with the bare ``sqlite3`` driver on a copy of the database taken just before they were
+   recorded — same statements, same parameters, same order, same pragmas — interleaved with new
+   protected calls on the store. The replay is the floor for the SQL the store issues today; the
+   rest of a protected call is Python (ctrlrun and SQLAlchemy).
+3. **cProfile** of the allow path (FULL, the default). Every function's own time (``tottime``) is
+   summed into categories that partition the run, and the pipeline's steps and the store's SQL
+   call sites are listed with their cumulative time. cProfile slows Python code several times
+   more than C calls (execute, COMMIT), so Python-heavy shares are overstated; quote the
+   unprofiled figures of the table.
 """
 
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
+import shutil
+import sqlite3
 from collections import Counter
 from typing import Any
 
-from .common import AGENT, ALLOWED_AMOUNT, Results, Settings, fresh_dir, perf_ns
+from .common import (
+    AGENT,
+    ALLOWED_AMOUNT,
+    Results,
+    Row,
+    Settings,
+    fresh_dir,
+    interleave,
+    perf_ns,
+)
 from .pg import Postgres
 from .stores import open_store, protected_refund
 
-TOP = 12
+TOP = 10
+
+# (file suffix, function name, label): the pipeline's steps and the store's SQL call sites
+STEPS = (
+    ("ctrlrun/protect.py", "prepare", "normalize: bind, build the Action, render the key"),
+    ("ctrlrun/policy/engine.py", "evaluate", "decide: Policy.evaluate"),
+    ("ctrlrun/store/ops.py", "start_attempt", "reserve: the start transaction"),
+    ("ctrlrun/store/ops.py", "finish_attempt", "record: the finish transaction"),
+    ("ctrlrun/_attempt.py", "event", "build the events (Attempt.event)"),
+    ("ctrlrun/_attempt.py", "receipt", "build the receipt (Attempt.receipt)"),
+    ("ctrlrun/receipt.py", "chained", "hash the receipt into the chain (Receipt.chained)"),
+    ("ctrlrun/store/sqlite.py", "_on_begin", "SQL  BEGIN IMMEDIATE"),
+    ("ctrlrun/store/sql.py", "effect", "SQL  SELECT effect"),
+    ("ctrlrun/store/sql.py", "insert_effect", "SQL  INSERT effect ON CONFLICT DO NOTHING RETURNING"),
+    ("ctrlrun/store/sql.py", "update_effect", "SQL  UPDATE effect (compare-and-set)"),
+    ("ctrlrun/store/sql.py", "insert_event", "SQL  INSERT event RETURNING event_id"),
+    ("ctrlrun/store/sql.py", "has_receipt", "SQL  SELECT EXISTS receipt"),
+    ("ctrlrun/store/sql.py", "advance_head", "SQL  UPDATE chain head RETURNING"),
+    ("ctrlrun/store/sql.py", "insert_receipt", "SQL  INSERT receipt ON CONFLICT DO NOTHING RETURNING"),
+    ("ctrlrun/store/sql.py", "set_head_hash", "SQL  UPDATE chain head hash"),
+)
 
 
 def _category(key: tuple[str, int, str]) -> str:
@@ -39,10 +74,8 @@ def _category(key: tuple[str, int, str]) -> str:
         return "ctrlrun (own code)"
     if "/json/" in filename or "_json" in name:
         return "json (canonical forms, rows)"
-    if "hashlib" in name or "sha256" in name or "hexdigest" in name:
+    if "sha256" in name or "hexdigest" in name or "hashlib" in filename:
         return "hashlib (SHA-256)"
-    if "/uuid" in filename or "urandom" in name or "token_hex" in name or "/secrets" in filename:
-        return "ids (secrets/uuid)"
     if "/enum" in filename or "/datetime" in filename or "/dataclasses" in filename:
         return "stdlib enum/datetime/dataclasses"
     return "other (stdlib, builtins)"
@@ -59,31 +92,119 @@ def _where(key: tuple[str, int, str]) -> str:
     return f"{filename}:{line}({name})"
 
 
-def _count_statements(store: Any, protected: Any, calls: int, start: int) -> dict[str, float]:
-    from sqlalchemy import event
+# --------------------------------------------------------------------------- SQL capture
 
-    verbs: Counter[str] = Counter()
 
-    def listener(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        verbs[statement.lstrip().split(None, 1)[0].upper()] += 1
+class Recorder:
+    """Records the statements and commits the store's engine sends, grouped per call."""
 
-    event.listen(store.engine, "before_cursor_execute", listener)
-    tx0 = store.transactions
-    try:
-        for i in range(start, start + calls):
-            protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
-    finally:
-        event.remove(store.engine, "before_cursor_execute", listener)
-    out = {verb: n / calls for verb, n in sorted(verbs.items())}
-    out["COMMIT"] = (store.transactions - tx0) / calls
-    return out
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.calls: list[list[tuple[str, Any]]] = []
+
+    def __enter__(self) -> Recorder:
+        from sqlalchemy import event
+
+        event.listen(self.engine, "before_cursor_execute", self._statement)
+        event.listen(self.engine, "commit", self._commit)
+        event.listen(self.engine, "rollback", self._rollback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        from sqlalchemy import event
+
+        event.remove(self.engine, "before_cursor_execute", self._statement)
+        event.remove(self.engine, "commit", self._commit)
+        event.remove(self.engine, "rollback", self._rollback)
+
+    def next_call(self) -> None:
+        self.calls.append([])
+
+    def _statement(self, conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        self.calls[-1].append((statement, tuple(parameters) if parameters is not None else ()))
+
+    def _commit(self, conn: Any) -> None:
+        self.calls[-1].append(("COMMIT", ()))
+
+    def _rollback(self, conn: Any) -> None:
+        if conn.in_transaction():
+            self.calls[-1].append(("ROLLBACK", ()))
+
+    def verbs(self) -> dict[str, float]:
+        counted: Counter[str] = Counter()
+        for call in self.calls:
+            for statement, _ in call:
+                counted[statement.lstrip().split(None, 1)[0].upper()] += 1
+        n = len(self.calls) or 1
+        return {verb: c / n for verb, c in sorted(counted.items())}
+
+
+def _replay_and_compare(kind: str, settings: Settings, pg: Postgres, results: Results, calls: int
+                        ) -> dict[str, float]:  # fmt: skip
+    """Record ``calls`` protected calls, then time their SQL replayed on a copy of the database
+    (bare sqlite3) interleaved with new protected calls. Returns the statements per call."""
+    import ctrlrun
+
+    with fresh_dir(settings, f"where-{kind}") as directory:
+        opened = open_store(kind, directory, pg, raw=False)
+        try:
+            store = opened.store
+            _, protected = protected_refund(store)
+            with ctrlrun.context(agent=AGENT):
+                for i in range(settings.warmup):
+                    protected(payment_id=f"w{i}", amount=ALLOWED_AMOUNT)
+                store.close()  # the last connection out checkpoints the WAL into the file
+                copy = os.path.join(directory, "replay.db")
+                shutil.copyfile(opened.spec["path"], copy)
+                if os.path.exists(opened.spec["path"] + "-wal"):
+                    shutil.copyfile(opened.spec["path"] + "-wal", copy + "-wal")
+                recorder = Recorder(store.engine)
+                with recorder:
+                    for i in range(calls):
+                        recorder.next_call()
+                        protected(payment_id=f"r{i}", amount=ALLOWED_AMOUNT)
+                replay = sqlite3.connect(copy, isolation_level=None, timeout=5.0)
+                replay.execute("PRAGMA busy_timeout=5000")
+                replay.execute("PRAGMA journal_mode=WAL")
+                replay.execute(f"PRAGMA synchronous={opened.spec['durability'].upper()}")
+                position = {"n": 0}
+
+                def replayed(i: int) -> None:
+                    for statement, parameters in recorder.calls[position["n"]]:
+                        replay.execute(statement, parameters).fetchall()
+                    position["n"] += 1
+
+                def call_protected(i: int) -> None:
+                    protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
+
+                series = interleave(
+                    [("protected", call_protected), ("same SQL, bare sqlite3", replayed)],
+                    calls=calls, rounds=min(settings.rounds, calls), warmup=0,
+                )  # fmt: skip
+                replay.close()
+        finally:
+            opened.close()
+    verbs = recorder.verbs()
+    statements = sum(verbs.values())
+    results.rows.append(Row("where", kind, "protected", series["protected"], None,
+                            "interleaved with the line below"))  # fmt: skip
+    results.rows.append(Row("where", kind, "same SQL, bare sqlite3", series["same SQL, bare sqlite3"],
+                            verbs.get("COMMIT"), f"{statements:.0f} statements per call, replayed"))  # fmt: skip
+    return verbs
+
+
+# --------------------------------------------------------------------------- profile
 
 
 def run(settings: Settings, pg: Postgres, results: Results) -> None:
     import ctrlrun
 
     calls = settings.profile_calls
-    print(f"- profile: SQLite FULL allow path, {calls} calls under cProfile", flush=True)
+    print(f"- where the time goes: the allow path's SQL replayed bare ({calls} calls, SQLite FULL "
+          f"and NORMAL), then {calls} calls under cProfile", flush=True)  # fmt: skip
+    verbs = _replay_and_compare("sqlite-full", settings, pg, results, calls)
+    _replay_and_compare("sqlite-normal", settings, pg, results, calls)
+
     with fresh_dir(settings, "profile") as directory:
         opened = open_store("sqlite-full", directory, pg, raw=False)
         try:
@@ -92,43 +213,47 @@ def run(settings: Settings, pg: Postgres, results: Results) -> None:
             with ctrlrun.context(agent=AGENT):
                 for i in range(settings.warmup):
                     protected(payment_id=f"w{i}", amount=ALLOWED_AMOUNT)
-                statements = _count_statements(store, protected, 20, 0)
                 profiler = cProfile.Profile()
                 t0 = perf_ns()
                 profiler.enable()
-                for i in range(100, 100 + calls):
+                for i in range(calls):
                     protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
                 profiler.disable()
                 wall_us = (perf_ns() - t0) / calls / 1000
         finally:
             opened.close()
-    stats = pstats.Stats(profiler)
-    raw = stats.stats  # type: ignore[attr-defined]
+
+    raw = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     total = sum(v[2] for v in raw.values())
     categories: Counter[str] = Counter()
     for key, value in raw.items():
         categories[_category(key)] += value[2]
-    per_call = lambda seconds: seconds / calls * 1e6  # noqa: E731
+
+    def per_call(seconds: float) -> float:
+        return seconds / calls * 1e6
+
     top_self = sorted(raw.items(), key=lambda kv: kv[1][2], reverse=True)[:TOP]
-    ours = [(k, v) for k, v in raw.items() if "/ctrlrun/" in k[0]]
-    top_cum = sorted(ours, key=lambda kv: kv[1][3], reverse=True)[:TOP]
+    steps = []
+    for suffix, name, label in STEPS:
+        found = [v for k, v in raw.items() if k[0].endswith(suffix) and k[2] == name]
+        if found:
+            n = sum(v[1] for v in found)
+            cum = sum(v[3] for v in found)
+            steps.append({"step": label, "calls_per_call": n / calls,
+                          "cum_us_per_call": per_call(cum), "share": cum / total})  # fmt: skip
     results.profile = {
         "calls": calls,
         "profiled_us_per_call": wall_us,
         "total_us_per_call": per_call(total),
-        "statements_per_call": statements,
+        "statements_per_call": verbs,
         "categories": [
             {"category": c, "us_per_call": per_call(s), "share": s / total}
             for c, s in categories.most_common()
         ],
+        "steps": steps,
         "top_self": [
             {"function": _where(k), "calls_per_call": v[1] / calls, "self_us_per_call": per_call(v[2]),
              "share": v[2] / total}
             for k, v in top_self
-        ],  # fmt: skip
-        "top_ctrlrun_cumulative": [
-            {"function": _where(k), "calls_per_call": v[1] / calls, "cum_us_per_call": per_call(v[3]),
-             "share": v[3] / total}
-            for k, v in top_cum
-        ],  # fmt: skip
+        ],
     }

@@ -76,6 +76,14 @@ class Postgres:
                 self.settings = settings
         except Exception as exc:
             self.unavailable = f"cannot reach {redact(url)} ({type(exc).__name__}: {exc})".strip()
+            return
+        try:  # the store itself must open (and migrate) a fresh schema
+            self.store(self.new_schema()).close()
+        except Exception as exc:
+            self.unavailable = (
+                f"PostgresStateStore does not open on {redact(url)} ({type(exc).__name__}: {exc})"
+            )
+            self.drop_all()
 
     @property
     def available(self) -> bool:

@@ -8,7 +8,9 @@ so evaluation walks one to four rules.
 - ``evaluate``: ``policy.evaluate(action)`` on prebuilt actions;
 - ``action hash``: building the ``Action`` (check, freeze, canonical JSON, SHA-256) — what the
   normalize step does for every call;
-- ``SHA-256 only``: ``hashlib.sha256`` over the canonical bytes, for scale.
+- ``SHA-256 only``: ``hashlib.sha256`` over the canonical bytes, for scale;
+- ``receipt hash``: ``Receipt.chained(seq, prev_hash)`` on the receipt of an allowed refund (the
+  hash every call adds to the chain: the 34-key document, canonical JSON, SHA-256).
 
 These calls take microseconds, so each sample times a batch of 20 calls.
 """
@@ -21,6 +23,7 @@ from .common import Results, Row, Series, Settings, perf_ns, time_batches
 
 ACTIONS = 200
 BATCH = 20
+POLICY_LABEL = f"{ACTIONS}-action policy"
 
 ARGUMENT_SETS = (
     # allow (rule 0)
@@ -83,14 +86,40 @@ def run(settings: Settings, pg: object, results: Results) -> None:
     def sha(i: int) -> None:
         hashlib.sha256(canon[i % count]).hexdigest()
 
-    for variant, fn in (("evaluate", evaluate), ("action hash", build), ("SHA-256 only", sha)):
+    receipt = _allow_receipt()
+    prev = receipt.prev_hash or "sha256:" + "0" * 64
+
+    def chain(i: int) -> None:
+        receipt.chained(i + 1, prev)
+
+    variants = (("evaluate", evaluate), ("action hash", build), ("SHA-256 only", sha),
+                ("receipt hash", chain))  # fmt: skip
+    for variant, fn in variants:
         series = Series(per_sample=BATCH)
-        time_batches(series, fn, range(0, count))  # warm-up
+        time_batches(series, fn, range(count))  # warm-up
         series = Series(per_sample=BATCH)
-        time_batches(series, fn, range(0, n))
+        time_batches(series, fn, range(n))
         note = ""
         if variant == "evaluate":
-            note = f"{ACTIONS} actions x 4 rules; load {load_ms:.0f} ms once"
+            note = f"{ACTIONS} actions × 4 rules; loading it took {load_ms:.0f} ms"
         elif variant == "action hash":
             note = "Action(): check, freeze, canonical JSON, SHA-256"
-        results.rows.append(Row("policy", f"{ACTIONS} actions", variant, series, None, note))
+        elif variant == "receipt hash":
+            note = "Receipt.chained() on an allowed refund's receipt"
+        where = "allow receipt" if variant == "receipt hash" else POLICY_LABEL
+        results.rows.append(Row("policy", where, variant, series, None, note))
+
+
+def _allow_receipt() -> object:
+    """The receipt of one allowed refund (in-memory store)."""
+    import ctrlrun
+    from ctrlrun import InMemoryStateStore
+
+    from .common import AGENT, ALLOWED_AMOUNT
+    from .stores import protected_refund
+
+    store = InMemoryStateStore()
+    _, protected = protected_refund(store)
+    with ctrlrun.context(agent=AGENT):
+        protected(payment_id="p0", amount=ALLOWED_AMOUNT)
+    return store.receipts()[-1]

@@ -141,7 +141,8 @@ def _postgres(tmp_path: Path, clock: FakeClock) -> Any:
     from ctrlrun.postgres import PostgresStateStore
 
     url = postgres_url()
-    return PostgresStateStore(url, schema=create_pg_schema(url, pg_schema_for(tmp_path)), clock=clock)
+    schema = create_pg_schema(url, pg_schema_for(tmp_path))
+    return PostgresStateStore(url, schema=schema, clock=clock)
 
 
 # Every backend the conformance suite runs against. ``factory(tmp_path, clock)`` opens the store

@@ -21,6 +21,7 @@ from ctrlrun import Control, Policy, context, protect
 from ctrlrun.effect import EffectState
 from ctrlrun.errors import (
     AmbiguousWrite,
+    ApprovalMismatch,
     CTRLRunError,
     DuplicateEffect,
     InvalidArgument,
@@ -32,7 +33,7 @@ from ctrlrun.store import open_store_url
 from ctrlrun.store.schema import HEAD
 
 from .conftest import create_pg_schema, drop_pg_schema
-from .test_store_conformance import make_receipt
+from .test_store_conformance import granted_request, make_action, make_receipt
 from .vectors import ROOT
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -124,7 +125,10 @@ def test_missing_driver_is_missing_dependency():
 
 def test_split_store_url():
     assert split_store_url("postgresql://u@h/db") == ("postgresql://u@h/db", None)
-    assert split_store_url("postgres://u@h:5/db?ctrlrun_schema=ops") == ("postgres://u@h:5/db", "ops")
+    assert split_store_url("postgres://u@h:5/db?ctrlrun_schema=ops") == (
+        "postgres://u@h:5/db",
+        "ops",
+    )
     assert split_store_url(
         "postgresql://u:p%40ss@h1,h2/db?sslmode=require&ctrlrun_schema=ops&application_name=a"
     ) == ("postgresql://u:p%40ss@h1,h2/db?sslmode=require&application_name=a", "ops")
@@ -199,9 +203,8 @@ def test_open_store_url_strips_the_schema_parameter(pg_url, pg_schema, clock):
         store.reserve_effect(f"k{scheme}", "a1")
         store.close()
     assert "effects" not in tables(pg_url, "public")
-    store = PostgresStateStore(
-        with_params(pg_url.replace("postgresql://", "postgresql+psycopg://"), ctrlrun_schema=pg_schema)
-    )
+    driver_url = pg_url.replace("postgresql://", "postgresql+psycopg://")
+    store = PostgresStateStore(with_params(driver_url, ctrlrun_schema=pg_schema))
     assert len(store.list_effects()) == 2
     store.close()
 
@@ -277,8 +280,11 @@ def test_foreign_tables_refused_untouched(pg_url, pg_schema):
 @needs_server
 def test_failed_migration_rolls_back(pg_url, pg_schema):
     # A version table with nothing recorded plus a clashing table: 0001 runs and fails.
-    admin(pg_url, f"CREATE TABLE {pg_schema}.schema_version "
-                  "(migration_id text primary key, applied_at text, ctrlrun_version text)")  # fmt: skip
+    admin(
+        pg_url,
+        f"CREATE TABLE {pg_schema}.schema_version "
+        "(migration_id text primary key, applied_at text, ctrlrun_version text)",
+    )
     admin(pg_url, f"CREATE TABLE {pg_schema}.receipts (x int)")
     with pytest.raises(SchemaMismatch, match="rolled back"):
         PostgresStateStore(pg_url, schema=pg_schema)
@@ -380,6 +386,38 @@ def test_stale_writer_under_read_committed(pg_url, pg_schema, clock):
         assert first._write(interleaved) is False
         assert first.get_effect("k").state is EffectState.EXECUTING
         assert first.get_effect("k").action_id == "a1"
+    finally:
+        first.close()
+        second.close()
+
+
+@needs_server
+def test_approval_refusal_wins_a_race_on_the_key(pg_url, pg_schema, clock, monkeypatch):
+    """Two presenters of one approval and one key: the loser hears about the approval."""
+    from ctrlrun.store import sql
+
+    first = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
+    second = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
+    try:
+        action = make_action()
+        request = granted_request(first, clock, action)
+        raced: list[str] = []
+
+        class Racing(sql.SQLTx):
+            def effect(self, effect_key):
+                record = super().effect(effect_key)
+                if not raced:  # the other presenter wins while this one looks at the key
+                    raced.append(effect_key)
+                    second.consume_approval_and_reserve(
+                        request.request_id, action.action_hash, "k", "other"
+                    )
+                return record
+
+        monkeypatch.setattr(sql, "SQLTx", Racing)
+        with pytest.raises(ApprovalMismatch) as info:
+            first.consume_approval_and_reserve(request.request_id, action.action_hash, "k", "mine")
+        assert raced == ["k"] and info.value.reason == "consumed"
+        assert first.get_effect("k").action_id == "other"
     finally:
         first.close()
         second.close()

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from ctrlrun.errors import AmbiguousEffect, ApprovalMismatch, CTRLRunError, DuplicateEffect
+from ctrlrun.errors import (
+    AmbiguousEffect,
+    ApprovalMismatch,
+    CTRLRunError,
+    DuplicateEffect,
+)
 from ctrlrun.receipt import verify_chain
 from ctrlrun.store import SQLiteStateStore
 

@@ -31,8 +31,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ._time import utc_now
 from .errors import CTRLRunError, InvalidArgument, MissingDependency, SchemaMismatch
-from .store.schema import HEAD, MIGRATIONS, apply_migrations, classify, read_schema
-from .store.schema import running_version
+from .store.schema import (
+    HEAD,
+    MIGRATIONS,
+    apply_migrations,
+    classify,
+    read_schema,
+    running_version,
+)
 from .store.sql import SQLStateStore
 
 __all__ = ["PostgresStateStore", "clock_skew", "split_store_url"]
@@ -139,6 +145,13 @@ class PostgresStateStore(SQLStateStore):
                 module="psycopg",
                 extra="postgres",
             ) from None
+        if tuple(int(part) for part in re.findall(r"\d+", psycopg.__version__)[:2]) < (3, 1):
+            raise MissingDependency(
+                f"the Postgres store needs psycopg >= 3.1, found {psycopg.__version__}: "
+                "pip install -U 'ctrlrun[postgres]'",
+                module="psycopg",
+                extra="postgres",
+            )
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.Error as exc:
@@ -224,7 +237,9 @@ class PostgresStateStore(SQLStateStore):
                 f"{where} rolled the write back ({message}) while {doing}; nothing was "
                 "written: retry"
             )
-        if state.startswith("08") or not state:
+        original = getattr(exc, "orig", None) or exc
+        lost = type(original).__name__ in ("OperationalError", "InterfaceError")
+        if state.startswith(("08", "57P")) or (lost and not state):
             return CTRLRunError(f"cannot reach {where} while {doing}: {message}")
         return CTRLRunError(f"{where} failed while {doing}: {message}")
 

@@ -36,7 +36,7 @@ def store_url_option(command: Callable[..., Any]) -> Callable[..., Any]:
         "--store-url",
         metavar="URL",
         default=None,
-        help="Store to use: sqlite://<path> (default: $CTRLRUN_STORE_URL, $CTRLRUN_STATE, "
+        help="Store to use: sqlite://<path> or postgresql://…[?ctrlrun_schema=NAME] (default: $CTRLRUN_STORE_URL, $CTRLRUN_STATE, "
         "else .ctrlrun/state.db beside the policy).",
     )(command)
 

@@ -35,7 +35,13 @@ from ..effect import (
     check_resolve,
     plan_reservation,
 )
-from ..errors import ApprovalMismatch, CTRLRunError, DuplicateEffect, InvalidArgument
+from ..errors import (
+    AmbiguousEffect,
+    ApprovalMismatch,
+    CTRLRunError,
+    DuplicateEffect,
+    InvalidArgument,
+)
 from ..receipt import Event, Receipt, UnreadableReceipt
 
 __all__ = ["KeptWrite", "StoreOps", "Tx"]
@@ -170,7 +176,17 @@ def _start(
         record = _consumable(tx, approval_id, action_hash or "", now, action_id)
         approval = record.as_approval()
     if effect_key is not None:
-        reservation = _reserve(tx, effect_key, action_id, lease, now, state)
+        try:
+            reservation = _reserve(tx, effect_key, action_id, lease, now, state)
+        except (DuplicateEffect, AmbiguousEffect):
+            if approval_id is not None:
+                # Under READ COMMITTED another presenter may have consumed the approval while
+                # this one waited on the key: the approval's refusal wins when both refuse.
+                check_consumable(
+                    tx.approval(approval_id), approval_id, action_hash or "", now,
+                    action_id=action_id,
+                )  # fmt: skip
+            raise
     if record is not None and not tx.update_approval(record, apply_consume(record, now)):
         raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
     built = events(approval, reservation) if events is not None else ()
