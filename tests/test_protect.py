@@ -242,13 +242,10 @@ def test_decoration_checks():
     def gen():
         yield 1
 
-    async def coro():
-        return 1
-
     async def agen():
         yield 1
 
-    for bad in (gen, coro, agen):
+    for bad in (gen, agen):
         with pytest.raises(InvalidArgument, match="x.y"):
             protect("x.y")(bad)
 

@@ -12,7 +12,7 @@ from .errors import InvalidArgument, PolicyError
 if TYPE_CHECKING:
     from .control import Control
 
-__all__ = ["default_control", "open_default_store", "policy_path", "reset", "state_location"]
+__all__ = ["cached_control", "default_control", "open_default_store", "policy_path", "reset", "state_location"]
 
 _ENV_KEYS = ("CTRLRUN_CONFIG", "CTRLRUN_STATE", "CTRLRUN_STORE_URL", "CTRLRUN_ENVIRONMENT")
 
@@ -84,6 +84,14 @@ def default_control() -> Control:
     if previous is not None:
         _close(previous[1])
     return control
+
+
+def cached_control() -> Control | None:
+    """The cached default Control if its inputs have not changed, else None (nothing is built)."""
+    cached = _cached
+    if cached is not None and cached[0] == _fingerprint():
+        return cached[1]
+    return None
 
 
 def reset() -> None:

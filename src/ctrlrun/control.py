@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from . import _ambient
 from ._attempt import Attempt, describe, fan_out, storable
+from ._steps import Steps, call, drive, drive_async, run_function
 from ._time import Clock, format_ts, utc_now
 from .action import Action, Principal
 from .approvals import DEFAULT_APPROVAL_TTL, ApprovalProvider, LocalApprovalProvider
@@ -211,28 +212,40 @@ class Control:
             hop=hop, scope=scope,
         )[1]  # fmt: skip
 
-    def record_effect_key_error(self, action: Action, error: Exception) -> None:
+    def run(
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
+    ) -> tuple[Any, Receipt]:
+        """Like ``execute``, but returns the executor's value with the terminal receipt."""
+        return drive(self.pipeline(action, executor, effect_key, **settings))
+
+    async def arun(
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
+    ) -> tuple[Any, Receipt]:
+        """``run`` for an event loop: ``executor()`` may return an awaitable; store work runs in a
+        worker thread, so the loop never waits on a lock."""
+        return await drive_async(self.pipeline(action, executor, effect_key, **settings))
+
+    def record_effect_key_error(self, action: Action, error: Exception) -> Steps[None]:
         """An effect key that cannot be rendered is refused before policy, with a denied receipt."""
         attempt = self._attempt(action, None, _ambient.presented_approval(), None, None)
         attempt.reason = "effect_key_error"
         attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
         attempt.event(EventType.ACTION_DENIED, reason="effect_key_error")
-        self._record(attempt, attempt.receipt("denied", storable(str(error))))
+        yield from self._record(attempt, attempt.receipt("denied", storable(str(error))))
 
     # -- the pipeline ----------------------------------------------------------------------
 
-    def run(
+    def pipeline(
         self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
-    ) -> tuple[Any, Receipt]:
+    ) -> Steps[tuple[Any, Receipt]]:
         """normalize → decide → approve → reserve → execute → resolve → record.
 
-        Takes ``execute``'s options; returns the executor's value and the terminal receipt, or
-        raises the refusal.
+        A generator yielding the work it needs done (see ``ctrlrun._steps``); it returns the
+        executor's value and the terminal receipt, or raises the refusal.
         """
         options = self._options(action, effect_key, **settings)
-        task, hop = options.task, options.hop
         approval_id = _ambient.presented_approval()
-        attempt = self._attempt(action, options.effect_key, approval_id, task, hop)
+        attempt = self._attempt(action, options.effect_key, approval_id, options.task, options.hop)
 
         # normalize
         attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
@@ -245,7 +258,7 @@ class Control:
         attempt.event(EventType.POLICY_EVALUATED, decision=attempt.decision, reason=attempt.reason)
         if evaluation.decision is Decision.DENY:
             attempt.event(EventType.ACTION_DENIED, reason=evaluation.reason)
-            self._record(attempt, attempt.receipt("denied"))
+            yield from self._record(attempt, attempt.receipt("denied"))
             raise ActionDenied(
                 f"action {action.name!r} denied by policy ({evaluation.reason})",
                 reason=evaluation.reason,
@@ -255,15 +268,15 @@ class Control:
         # approve
         consume = evaluation.decision is Decision.APPROVE
         if consume and approval_id is None:
-            self._request_approval(attempt)
+            yield from self._request_approval(attempt)
 
         # reserve (the approval is spent in the same transaction)
-        reservation = self._start(attempt, options, approval_id if consume else None)
+        reservation = yield from self._start(attempt, options, approval_id if consume else None)
         if not consume and approval_id is not None:
-            self._close_unneeded_approval(attempt, approval_id)
+            yield from self._close_unneeded_approval(attempt, approval_id)
 
         # execute, resolve, record
-        return self._execute(attempt, options, executor, reservation)
+        return (yield from self._execute(attempt, options, executor, reservation))
 
     def _options(
         self,
@@ -313,23 +326,25 @@ class Control:
             hop=hop,
         )
 
-    def _request_approval(self, attempt: Attempt) -> None:
+    def _request_approval(self, attempt: Attempt) -> Steps[None]:
         action = attempt.action
-        request = self._approvals.request(action, self._approval_ttl, policy_hash=self._policy_hash)
+        request = yield call(
+            self._approvals.request, action, self._approval_ttl, policy_hash=self._policy_hash
+        )
         attempt.event(
             EventType.APPROVAL_REQUESTED,
             approval_id=request.request_id,
             action_hash=action.action_hash,
             expires_at=format_ts(request.expires_at),
         )
-        self._record(attempt, None)
+        yield from self._record(attempt, None)
         raise ApprovalRequired(
             request_id=request.request_id,
             action_id=action.action_id,
             action_hash=action.action_hash,
         )
 
-    def _start(self, attempt: Attempt, options: _Options, approval_id: str | None):
+    def _start(self, attempt: Attempt, options: _Options, approval_id: str | None) -> Steps[Any]:
         """Consume the approval and reserve the key in one store transaction; record refusals."""
         action = attempt.action
         reconciled = False
@@ -349,7 +364,8 @@ class Control:
                 return events
 
             try:
-                _, reservation, stored = self._store.start_attempt(
+                _, reservation, stored = yield call(
+                    self._store.start_attempt,
                     action_id=action.action_id,
                     effect_key=options.effect_key,
                     lease=options.lease,
@@ -359,51 +375,53 @@ class Control:
                 )
             except ApprovalMismatch as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                self._refuse_approval(attempt, refusal)
+                yield from self._refuse_approval(attempt, refusal)
                 raise
             except ActionDenied as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                self._refuse_denied_approval(attempt, refusal)
+                yield from self._refuse_denied_approval(attempt, refusal)
                 raise
             except DuplicateEffect as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                self._refuse_reservation(attempt, refusal, state=refusal.state)
+                yield from self._refuse_reservation(attempt, refusal, state=refusal.state)
                 raise
             except AmbiguousEffect as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
                 if options.reconcile is not None and not reconciled:
                     reconciled = True
-                    if self._reconcile(attempt, options, "blocking") != "unknown":
+                    if (yield from self._reconcile(attempt, options, "blocking")) != "unknown":
                         continue  # resolved: reserve again (renewal, or a committed duplicate)
-                self._refuse_reservation(attempt, refusal, state=None)
+                yield from self._refuse_reservation(attempt, refusal, state=None)
                 raise
             fan_out(self._sinks, stored, None)
             return reservation
 
-    def _execute(self, attempt: Attempt, options: _Options, executor, reservation):
+    def _execute(self, attempt: Attempt, options: _Options, executor, reservation) -> Steps[tuple[Any, Receipt]]:
         key = options.effect_key
         number = reservation.attempt if reservation is not None else 1
         with _ambient.holding_effect(key, number):
             try:
-                value = executor()
+                value = yield run_function(executor)
             except NotExecuted as exc:
                 error = storable(str(exc) or describe(exc))
-                self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
+                yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
                 raise
             except BaseException as exc:
                 error = describe(exc)
-                wrote = self._finish(attempt, EffectState.AMBIGUOUS, None, error, "raised " + type(exc).__name__,
-                                     reraise_store=isinstance(exc, Exception))  # fmt: skip
+                wrote = yield from self._finish(
+                    attempt, EffectState.AMBIGUOUS, None, error, "raised " + type(exc).__name__,
+                    reraise_store=isinstance(exc, Exception),
+                )  # fmt: skip
                 if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and key:
-                    self._reconcile(attempt, options, "eager")
+                    yield from self._reconcile(attempt, options, "eager")
                     if attempt.pending:
-                        self._record(attempt, None)
+                        yield from self._record(attempt, None)
                 raise
-        receipt = self._finish(attempt, EffectState.COMMITTED, value, None, "returned")
+        receipt = yield from self._finish(attempt, EffectState.COMMITTED, value, None, "returned")
         return value, receipt
 
     def _finish(self, attempt: Attempt, outcome: EffectState, value: Any, error: str | None,
-                did: str, *, reraise_store: bool = True):  # fmt: skip
+                did: str, *, reraise_store: bool = True) -> Steps[Receipt | None]:  # fmt: skip
         """Write the outcome, its event and the receipt in one transaction."""
         event_type = {
             EffectState.COMMITTED: EventType.EXECUTION_COMMITTED,
@@ -413,7 +431,8 @@ class Control:
         attempt.event(event_type, **({} if error is None else {"error": error}))
         receipt = attempt.receipt(outcome.value, error)
         try:
-            events, stored = self._store.finish_attempt(
+            events, stored = yield call(
+                self._store.finish_attempt,
                 effect_key=attempt.effect_key,
                 action_id=attempt.action.action_id,
                 outcome=outcome if attempt.effect_key else None,
@@ -430,7 +449,7 @@ class Control:
             )
             attempt.pending.clear()
             attempt.event(EventType.EXECUTION_AMBIGUOUS, error=message)
-            self._record(attempt, attempt.receipt("ambiguous", message))
+            yield from self._record(attempt, attempt.receipt("ambiguous", message))
             if reraise_store:
                 raise refusal from None
             return None
@@ -439,7 +458,7 @@ class Control:
 
     # -- refusals --------------------------------------------------------------------------
 
-    def _refuse_approval(self, attempt: Attempt, refusal: ApprovalMismatch) -> None:
+    def _refuse_approval(self, attempt: Attempt, refusal: ApprovalMismatch) -> Steps[None]:
         if refusal.reason == "expired":
             attempt.event(EventType.APPROVAL_EXPIRED)
         attempt.event(
@@ -447,27 +466,27 @@ class Control:
             reason=refusal.reason,
             action_hash=attempt.action.action_hash,
         )
-        attempt.approver = self._approver_of(attempt.approval_id)
-        attempt.attempt = self._attempt_number(attempt.effect_key)
+        attempt.approver = yield from self._approver_of(attempt.approval_id)
+        attempt.attempt = yield from self._attempt_number(attempt.effect_key)
         error = _APPROVAL_ERRORS.get(refusal.reason, "approval {id} refused ({reason})")
-        self._record(
+        yield from self._record(
             attempt,
             attempt.receipt("blocked", error.format(id=attempt.approval_id, reason=refusal.reason)),
         )
 
-    def _refuse_denied_approval(self, attempt: Attempt, refusal: ActionDenied) -> None:
-        approver = self._approver_of(attempt.approval_id)
+    def _refuse_denied_approval(self, attempt: Attempt, refusal: ActionDenied) -> Steps[None]:
+        approver = yield from self._approver_of(attempt.approval_id)
         attempt.approver = approver
         attempt.event(EventType.APPROVAL_DENIED, approver=approver)
         attempt.event(EventType.ACTION_DENIED, reason="approval_denied")
-        attempt.attempt = self._attempt_number(attempt.effect_key)
-        self._record(
+        attempt.attempt = yield from self._attempt_number(attempt.effect_key)
+        yield from self._record(
             attempt,
             attempt.receipt("denied", f"approval {attempt.approval_id} was denied by {approver}"),
         )
         refusal.action_id = attempt.action.action_id
 
-    def _refuse_reservation(self, attempt: Attempt, refusal: CTRLRunError, *, state: str | None) -> None:
+    def _refuse_reservation(self, attempt: Attempt, refusal: CTRLRunError, *, state: str | None) -> Steps[None]:
         key = attempt.effect_key
         if state is None:
             attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="ambiguous")
@@ -480,26 +499,26 @@ class Control:
                 else f"effect {key} is held by another attempt (in_progress)"
             )
         if attempt.approval_id:
-            attempt.approver = self._approver_of(attempt.approval_id)
-        attempt.attempt = self._attempt_number(key)
-        self._record(attempt, attempt.receipt("blocked", error))
+            attempt.approver = yield from self._approver_of(attempt.approval_id)
+        attempt.attempt = yield from self._attempt_number(key)
+        yield from self._record(attempt, attempt.receipt("blocked", error))
 
-    def _close_unneeded_approval(self, attempt: Attempt, approval_id: str) -> None:
+    def _close_unneeded_approval(self, attempt: Attempt, approval_id: str) -> Steps[None]:
         """An allowed action presenting a matching grant closes it; any failure is ignored."""
         try:
-            approval = self._store.consume_approval(approval_id, attempt.action.action_hash)
+            approval = yield call(self._store.consume_approval, approval_id, attempt.action.action_hash)
             attempt.approver = approval.approver
         except CTRLRunError as exc:
             log.info("presented approval %s left as it was: %s", approval_id, exc)
 
     # -- reconcile -------------------------------------------------------------------------
 
-    def _reconcile(self, attempt: Attempt, options: _Options, trigger: str) -> str:
+    def _reconcile(self, attempt: Attempt, options: _Options, trigger: str) -> Steps[str]:
         """Ask the hook what became of an ambiguous effect; move the record if it knows."""
         key = options.effect_key
         attempt.event(EventType.RECONCILIATION_STARTED, effect_key=key, trigger=trigger)
         try:
-            answer = options.reconcile(key)
+            answer = yield call(options.reconcile, key)
         except Exception as exc:
             log.warning("reconcile hook for %r raised: %s", key, describe(exc))
             attempt.event(EventType.RECONCILIATION_RESOLVED, outcome="unknown", reason="raised",
@@ -516,7 +535,7 @@ class Control:
         state = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
         resolver = f"reconcile:{attempt.action.name}"
         try:
-            self._store.resolve_effect(key, state, resolver)
+            yield call(self._store.resolve_effect, key, state, resolver)
         except CTRLRunError as exc:
             log.warning("reconcile of %r could not be recorded (%s); treating it as unknown", key, exc)
             return "unknown"
@@ -526,21 +545,21 @@ class Control:
 
     # -- store helpers ---------------------------------------------------------------------
 
-    def _record(self, attempt: Attempt, receipt: Receipt | None) -> Receipt | None:
-        events, stored = self._store.record(events=attempt.take(), receipt=receipt)
+    def _record(self, attempt: Attempt, receipt: Receipt | None) -> Steps[Receipt | None]:
+        events, stored = yield call(self._store.record, events=attempt.take(), receipt=receipt)
         fan_out(self._sinks, events, stored)
         return stored
 
-    def _approver_of(self, approval_id: str | None) -> str | None:
+    def _approver_of(self, approval_id: str | None) -> Steps[str | None]:
         if not approval_id:
             return None
-        record = self._store.get_approval(approval_id)
+        record = yield call(self._store.get_approval, approval_id)
         return record.approver if record is not None else None
 
-    def _attempt_number(self, effect_key: str | None) -> int:
+    def _attempt_number(self, effect_key: str | None) -> Steps[int]:
         if not effect_key:
             return 1
-        record = self._store.get_effect(effect_key)
+        record = yield call(self._store.get_effect, effect_key)
         return record.attempt if record is not None else 1
 
 

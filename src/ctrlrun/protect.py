@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
@@ -11,7 +12,9 @@ from datetime import timedelta
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from . import _ambient
-from ._default import default_control
+from ._default import cached_control, default_control
+from ._steps import Steps, drive, drive_async
+from ._steps import call as blocking
 from .action import Action
 from .control import Control, Reconcile
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
@@ -45,11 +48,6 @@ def _check_function(name: str, func: Callable[..., Any]) -> inspect.Signature:
             f"@protect({name!r}) cannot wrap a generator: calling it would commit an un-run "
             "generator as the result; protect a function that performs the effect"
         )
-    if inspect.iscoroutinefunction(func):
-        raise InvalidArgument(
-            f"@protect({name!r}) cannot wrap an async function in this version; "
-            "protect a synchronous function"
-        )
     signature = inspect.signature(func)
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
@@ -69,6 +67,7 @@ class _Call(NamedTuple):
     control: Control
     action: Action
     effect_key: str | None
+    effect_error: EffectKeyError | None
     task: str | None
     hop: str | None
 
@@ -121,10 +120,11 @@ class _Protected:
             chosen.append(mine if mine is not None else theirs)
         return chosen[0], chosen[1]
 
-    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
-        """Principal, bound arguments, resource, the Action and its effect key."""
-        control = self.control
-        if control is None and _ambient.current_hint() is None:
+    def needs_default(self) -> bool:
+        """True when this call uses the process default Control (refused without a principal)."""
+        if self.control is not None:
+            return False
+        if _ambient.current_hint() is None:
             log.warning("action %r called outside ctrlrun.context(); denied", self.name)
             raise ActionDenied(
                 f"action {self.name!r} denied: no principal; call it inside "
@@ -132,8 +132,10 @@ class _Protected:
                 reason="no_principal",
                 action_id=None,
             )
-        if control is None:
-            control = default_control()
+        return True
+
+    def prepare(self, control: Control, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
+        """Principal, bound arguments, resource, the Action and its effect key; writes nothing."""
         principal = control.resolve_principal(self.name)
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
@@ -143,19 +145,18 @@ class _Protected:
         if resource_template is not None:
             resource = render_resource(resource_template, arguments)
         action = Action(self.name, arguments, principal, resource, environment=control.environment)
-        effect_key = None
+        effect_key, effect_error = None, None
         if effect is not None:
             try:
                 effect_key = render_effect_key(effect, action.canonical_arguments, action.resource)
             except EffectKeyError as exc:
-                control.record_effect_key_error(action, exc)
-                raise
+                effect_error = exc
         elif self.reconcile is not None:
             self.warn_once("reconcile", "action %r has a reconcile hook but no effect key; "
                            "the hook is never called", self.name)  # fmt: skip
         task = render_resource(self.task, arguments) if self.task is not None else None
         hop = render_resource(self.hop, arguments) if self.hop is not None else None
-        return _Call(control, action, effect_key, task, hop)
+        return _Call(control, action, effect_key, effect_error, task, hop)
 
     def executor(self, action: Action) -> Callable[[], Any]:
         """Call the function with fresh canonical copies of the arguments, never the caller's."""
@@ -167,19 +168,22 @@ class _Protected:
 
         return run
 
-    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        call = self.prepare(args, kwargs)
+    def steps(self, call: _Call) -> Steps[Any]:
+        """The whole call, sync or async alike: refuse a bad key, run, and wait for a human if asked."""
+        if call.effect_error is not None:
+            yield from call.control.record_effect_key_error(call.action, call.effect_error)
+            raise call.effect_error
         try:
-            return self.run(call)
+            return (yield from self.pipeline(call))
         except ApprovalRequired as required:
             if not self.wait:
                 raise
-            call.control.approvals.wait(required.request_id, None)
+            yield blocking(call.control.approvals.wait, required.request_id, None)
             with _ambient.with_approval(required.request_id):
-                return self.run(call)
+                return (yield from self.pipeline(call))
 
-    def run(self, call: _Call) -> Any:
-        value, _ = call.control.run(
+    def pipeline(self, call: _Call) -> Steps[Any]:
+        value, _ = yield from call.control.pipeline(
             call.action,
             self.executor(call.action),
             call.effect_key,
@@ -191,6 +195,16 @@ class _Protected:
             scope=self.scope,
         )
         return value
+
+    def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        control = default_control() if self.needs_default() else self.control
+        return drive(self.steps(self.prepare(control, args, kwargs)))
+
+    async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        control = self.control
+        if self.needs_default():
+            control = cached_control() or await asyncio.to_thread(default_control)
+        return await drive_async(self.steps(self.prepare(control, args, kwargs)))
 
 
 def protect(
@@ -208,7 +222,11 @@ def protect(
     hop: str | None = None,
     scope: Callable[[Action], Mapping[str, Any]] | None = None,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Protect a consequential function: policy, exact approvals, once-only effects, receipts."""
+    """Protect a consequential function: policy, exact approvals, once-only effects, receipts.
+
+    Works on ``def`` and ``async def`` functions alike; an ``async def`` gets an ``async def``
+    wrapper running the same pipeline, with store work kept off the event loop.
+    """
     if not isinstance(name, str) or not name.strip():
         raise InvalidArgument(f"@protect needs a non-empty action name, got {name!r}")
     for what, template in (("effect", effect), ("resource", resource), ("task", task), ("hop", hop)):
@@ -236,6 +254,15 @@ def protect(
         signature = _check_function(name, func)
         protected = _Protected(name, func, signature, effect, resource, wait, lease, reconcile,
                                reconcile_eagerly, control, task, hop, scope)  # fmt: skip
+
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
+                return await protected.acall(args, kwargs)
+
+            async_wrapper.__ctrlrun__ = protected  # type: ignore[attr-defined]
+            return async_wrapper  # type: ignore[return-value]
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

@@ -79,6 +79,12 @@ def app(store):
         ran.append((invoice, cents))
         return f"credited {cents} on {invoice}"
 
+    @protect("billing.credit", effect="credit:{invoice}", wait=True, control=control)
+    async def acredit(invoice: str, cents: int) -> str:
+        await asyncio.sleep(0)
+        ran.append((invoice, cents))
+        return f"credited {cents} on {invoice}"
+
     @protect("billing.tag", wait=True, control=control)
     def tag(invoice: str, urgent: bool = True) -> str:
         ran.append((invoice, "tag"))
@@ -92,6 +98,10 @@ def app(store):
         """Credit an invoice, in integer cents."""
         return credit(invoice=invoice, cents=cents)
 
+    async def credit_tool_awaiting(invoice: str, cents: int) -> str:
+        """Credit an invoice, in integer cents (an async tool awaiting an async protected call)."""
+        return await acredit(invoice=invoice, cents=cents)
+
     def agent(*tools: Any, calls: list[tuple[str, dict[str, Any]]]) -> Agent:
         return Agent(name="billing", instructions="Handle credits.", tools=list(tools),
                      model=ScriptedModel(*calls))  # fmt: skip
@@ -101,6 +111,7 @@ def app(store):
 
     return SimpleNamespace(control=control, store=store, ran=ran, credit=credit, tag=tag,
                            credit_tool=credit_tool, credit_tool_async=credit_tool_async,
+                           credit_tool_awaiting=credit_tool_awaiting,
                            agent=agent, credit_tool_for=credit_tool_for)  # fmt: skip
 
 
@@ -124,9 +135,10 @@ CREDIT = ("credit", {"invoice": "inv-42", "cents": 5000})
 # --------------------------------------------------------------------------- 06 §3.5
 
 
-@pytest.mark.parametrize("body", ["sync", "async"])
+@pytest.mark.parametrize("body", ["sync", "async", "awaiting"])
 def test_pause_approve_commits_once(app, body):
-    tool = app.credit_tool_for(app.credit_tool if body == "sync" else app.credit_tool_async)
+    bodies = {"sync": app.credit_tool, "async": app.credit_tool_async, "awaiting": app.credit_tool_awaiting}
+    tool = app.credit_tool_for(bodies[body])
     agent = app.agent(tool, calls=[CREDIT])
     paused = run_sync(agent, "credit inv-42")
     assert [i.tool_name for i in paused.interruptions] == ["credit"]
