@@ -3,6 +3,8 @@
 Per store, three variants run interleaved in the same process:
 
 - ``protected``   — ``@protect``ed ``refund(payment_id=<new>, amount=12000)`` (policy: allow);
+- ``async protected`` — the same as an ``async def``, awaited in one running event loop (store
+  work in worker threads);
 - ``unprotected`` — the same function called directly;
 - ``raw 2 commits`` — the minimum durable work on the same kind of database (baselines.py).
 
@@ -10,6 +12,8 @@ The store's ``transactions`` counter is read around the protected batches only.
 """
 
 from __future__ import annotations
+
+from contextlib import closing
 
 from .common import (
     AGENT,
@@ -22,7 +26,7 @@ from .common import (
     refund,
 )
 from .pg import Postgres
-from .stores import open_store, protected_refund, usable_stores
+from .stores import open_store, protected_refund, protected_refund_async, usable_stores
 
 
 def run(settings: Settings, pg: Postgres, results: Results) -> None:
@@ -31,24 +35,35 @@ def run(settings: Settings, pg: Postgres, results: Results) -> None:
 
 
 def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> None:
+    import asyncio
+
     import ctrlrun
 
     print(f"- allow path, {kind}: {settings.calls} calls per variant", flush=True)
-    with fresh_dir(settings, f"allow-{kind}") as directory:
+    loop = asyncio.new_event_loop()  # one running loop for every async call
+    with fresh_dir(settings, f"allow-{kind}") as directory, closing(loop):
         opened = open_store(kind, directory, pg)
         try:
             store = opened.store
-            _, protected = protected_refund(store)
+            control, protected = protected_refund(store)
+            aprotected = protected_refund_async(control)
             executed = {"n": 0}
 
             def call_protected(i: int) -> None:
                 protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
                 executed["n"] += 1
 
+            def call_async(i: int) -> None:
+                loop.run_until_complete(aprotected(payment_id=f"a{i}", amount=ALLOWED_AMOUNT))
+
             def call_unprotected(i: int) -> None:
                 refund(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
 
-            variants = [("protected", call_protected), ("unprotected", call_unprotected)]
+            variants = [
+                ("protected", call_protected),
+                ("async protected", call_async),
+                ("unprotected", call_unprotected),
+            ]
             if opened.raw is not None:
                 variants.append(("raw 2 commits", opened.raw.two_commits))
 
@@ -79,6 +94,7 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                 )
             tx = counted["tx"] / counted["calls"] if counted["calls"] else None
             results.rows.append(Row("allow", kind, "protected", series["protected"], tx))
+            results.rows.append(Row("allow", kind, "async protected", series["async protected"]))
             results.rows.append(Row("allow", kind, "unprotected", series["unprotected"]))
             if opened.raw is not None:
                 note = ""

@@ -88,3 +88,15 @@ def protected_refund(store: Any) -> tuple[Any, Callable[..., Any]]:
 
     control = Control(Policy.from_yaml(REFUND_POLICY, source="bench"), store)
     return control, ctrlrun.protect(ACTION, effect=EFFECT, control=control)(refund)
+
+
+def protected_refund_async(control: Any) -> Callable[..., Any]:
+    """The same refund as an ``async def``, protected by ``control`` (the async allow path)."""
+    import ctrlrun
+
+    from .common import ACTION, EFFECT, refund
+
+    async def refund_async(payment_id: str, amount: int) -> dict:
+        return refund(payment_id=payment_id, amount=amount)
+
+    return ctrlrun.protect(ACTION, effect=EFFECT, control=control)(refund_async)
