@@ -73,7 +73,7 @@ def test_json_lines_are_the_stored_documents_byte_for_byte(chain):
     stored = [row[0] for row in sql(chain.db, "SELECT json FROM receipts ORDER BY seq")]
     exported = (chain.db.parent / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
     assert result.lines == stored == exported
-    assert all(len(json.loads(line)) == 34 for line in result.lines)
+    assert all(len(json.loads(line)) == 36 for line in result.lines)
 
 
 def test_the_export_verifies_with_json_and_sha256_only(chain):

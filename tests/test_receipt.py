@@ -25,7 +25,7 @@ KEYS = (
     "decision decision_reason approval_id approver effect_key attempt result execution would_have "
     "error started_at finished_at seq prev_hash policy_hash policy_version controls "
     "precondition_at_request precondition_at_recheck approvers authority_grant_id task scope_hash "
-    "budget_charges hop"
+    "budget_charges hop edited_from edit_diff"
 ).split()
 
 
@@ -41,7 +41,7 @@ def fill(store, count, tmp_path=None, sinks=()):
             read(f"c{i}")
 
 
-def test_document_has_34_keys_in_order(tmp_path):
+def test_document_has_36_keys_in_order(tmp_path):
     store = InMemoryStateStore(clock=Clock())
     fill(store, 1)
     (receipt,) = store.receipts()
@@ -63,7 +63,7 @@ def test_enums_and_event_types():
     assert [r.value for r in ReceiptResult] == [
         "committed", "failed", "ambiguous", "denied", "blocked", "observed",
     ]  # fmt: skip
-    assert len(EventType) == 26
+    assert len(EventType) == 27
 
 
 def test_extra_key_is_kept_and_changes_the_hash():
@@ -156,3 +156,16 @@ def test_jsonl_sink(tmp_path):
     assert events == [e.to_json() for e in store.events()]
     first = json.loads(events[0])
     assert list(first) == ["event_id", "ts", "type", "action_id", "effect_key", "approval_id", "data"]
+
+
+def test_a_v7_document_reads_and_hashes_as_written():
+    store = InMemoryStateStore(clock=Clock())
+    fill(store, 1)
+    document = json.loads(store.receipts()[0].to_json())
+    del document["edited_from"], document["edit_diff"]
+    document["schema"] = "ctrlrun.receipt/v7"
+    old = Receipt.from_dict(document)
+    assert json.loads(old.to_json()) == document and len(document) == 34
+    from ctrlrun.action import canonical_bytes, sha256_hex
+
+    assert old.chain_hash() == sha256_hex(canonical_bytes(document))

@@ -110,5 +110,5 @@ def test_refund_scenario(project):
     # the JSONL copy beside the database holds the same documents, byte for byte
     lines = (project / ".ctrlrun" / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
     assert lines == [r.to_json() for r in receipts]
-    assert all(len(json.loads(line)) == 34 for line in lines)
+    assert all(len(json.loads(line)) == 36 for line in lines)
     store.close()

@@ -24,6 +24,7 @@ from .approvals import (
     ScriptedApprovalProvider,
 )
 from .control import Control, ReconcileOutcome
+from .edits import grant_with_edits
 from .effect import EffectRecord, EffectState, Reservation
 from .errors import (
     ActionDenied,
@@ -112,6 +113,7 @@ __all__ = [
     "canonical_bytes",
     "canonicalize",
     "context",
+    "grant_with_edits",
     "idempotency_token",
     "needs_approval",
     "protect",

@@ -32,6 +32,8 @@ class Attempt:
     controls: tuple[str, ...] = ()
     approver: str | None = None
     attempt: int = 1
+    edited_from: str | None = None
+    edit_diff: dict[str, Any] | None = None
     pending: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -52,6 +54,12 @@ class Attempt:
         )
         self.pending.append(event)
         return event
+
+    def spent(self, approval: Any) -> None:
+        """Note the approval this attempt consumed: who answered it, and any edit they made."""
+        self.approver = approval.approver
+        self.edited_from = approval.edited_from
+        self.edit_diff = dict(approval.edit_diff) if approval.edit_diff is not None else None
 
     def take(self, *extra: Event) -> list[Event]:
         """Hand over the queued events (plus ``extra``) to a store write."""
@@ -86,6 +94,8 @@ class Attempt:
             controls=self.controls,
             task=self.task,
             hop=self.hop,
+            edited_from=self.edited_from,
+            edit_diff=self.edit_diff,
         )
 
 

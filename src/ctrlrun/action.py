@@ -47,8 +47,47 @@ def sha256_hex(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surely_valid(value: Any) -> bool:
+    """True when ``_check_value`` passes ``value`` for sure: exact ``dict``/``list``/``tuple``/
+    ``str``/``int``/``bool``/``None`` all the way down, every string UTF-8. False leaves the
+    verdict (and the path it names) to ``_check_value``."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _utf8(value)
+    if kind is int or kind is bool or value is None:
+        return True
+    if kind is dict or kind is MappingProxyType:
+        for key, item in value.items():
+            if type(key) is not str or not (key.isascii() or _utf8(key)):
+                return False
+            if not _surely_valid(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _surely_valid(item):
+                return False
+        return True
+    return False
+
+
 def check_value(value: Any, path: str) -> None:
     """Refuse anything the canonical form cannot carry, naming ``path`` and the fix."""
+    if not _surely_valid(value):  # the common case, without building a path per value
+        _check_value(value, path)
+
+
+def _check_value(value: Any, path: str) -> None:
     if value is None or isinstance(value, (bool, int)):
         return
     if isinstance(value, str):
@@ -68,12 +107,12 @@ def check_value(value: Any, path: str) -> None:
                 raise InvalidArgument(
                     f"{path} has a {type(key).__name__} key {key!r}; mapping keys must be str"
                 )
-            check_value(key, f"{path} key {key!r}")
-            check_value(item, f"{path}.{key}")
+            _check_value(key, f"{path} key {key!r}")
+            _check_value(item, f"{path}.{key}")
         return
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            check_value(item, f"{path}[{index}]")
+            _check_value(item, f"{path}[{index}]")
         return
     raise InvalidArgument(
         f"{path} is a {type(value).__name__}, which an action cannot carry; "
@@ -83,6 +122,9 @@ def check_value(value: Any, path: str) -> None:
 
 def freeze(value: Any) -> Any:
     """A deep read-only copy: mappings become read-only proxies, lists become tuples."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
     if isinstance(value, Mapping):
         return MappingProxyType({key: freeze(item) for key, item in value.items()})
     if isinstance(value, (list, tuple)):
@@ -100,6 +142,11 @@ def thaw(value: Any) -> Any:
 
 
 def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict or kind is MappingProxyType:
+        return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, Mapping):
         return {key: _plain(item) for key, item in value.items()}
     if isinstance(value, tuple):
@@ -109,12 +156,77 @@ def _plain(value: Any) -> Any:
     return value
 
 
+class _Unplain(Exception):
+    """Raised by ``_plain_checked`` where ``check_value`` may refuse (or the case is unusual)."""
+
+
+_SCALARS = (str, int)
+_CONTAINERS = (list, tuple)
+_NOT_MAPPING = (str, int, float, list, tuple)
+
+
+def _plain_checked(value: Any) -> Any:
+    """``_plain(value)``, checking on the way what ``check_value`` checks except UTF-8.
+
+    Raises ``_Unplain`` at a float, a non-``str`` key, an unknown type, or any object whose kind
+    is ambiguous (say an ``int`` that is also a ``Mapping``); the caller then takes the checked
+    path, which decides. Exact ``dict``/``list``/``tuple``/``str``/``int`` are taken first.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict or kind is MappingProxyType:
+        plain = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Unplain
+            plain[key] = _plain_checked(item)
+        return plain
+    if kind is list or kind is tuple:
+        return [_plain_checked(item) for item in value]
+    if kind is float:
+        raise _Unplain
+    # subclasses and other mappings, each only when it is one kind of thing
+    mapping = isinstance(value, Mapping)
+    if mapping and not isinstance(value, _NOT_MAPPING):
+        plain = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise _Unplain
+            plain[key] = _plain_checked(item)
+        return plain
+    if mapping or isinstance(value, float):
+        raise _Unplain
+    if isinstance(value, _SCALARS) and not isinstance(value, _CONTAINERS):
+        return value
+    if isinstance(value, _CONTAINERS) and not isinstance(value, _SCALARS):
+        return [_plain_checked(item) for item in value]
+    raise _Unplain
+
+
+# what json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+# allow_nan=False) builds on every call, built once
+_CANONICAL_JSON = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
+def _canonical_checked(obj: Any) -> bytes:
+    check_value(obj, "value")
+    return _CANONICAL_JSON.encode(_plain(obj)).encode("utf-8")
+
+
 def canonical_bytes(obj: Any) -> bytes:
     """The one canonical encoder: sorted keys, no whitespace, UTF-8, floats refused."""
-    check_value(obj, "value")
-    return json.dumps(
-        _plain(obj), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    ).encode("utf-8")
+    try:
+        plain = _plain_checked(obj)
+        # A lone surrogate survives ``ensure_ascii=False`` and fails the encode: one UTF-8 check
+        # of the whole text instead of one per string.
+        return _CANONICAL_JSON.encode(plain).encode("utf-8")
+    except (_Unplain, UnicodeEncodeError):
+        pass
+    # Something is refused: the checked path raises the refusal naming where it is.
+    return _canonical_checked(obj)
 
 
 def _require_text(value: Any, what: str, *, optional: bool = False) -> None:
@@ -199,21 +311,15 @@ class Action:
             raise InvalidArgument(f"action {self.name!r}: action_id must be a non-empty string")
         check_value(self.arguments, "arguments")
         object.__setattr__(self, "arguments", freeze(self.arguments))
-        document = {
-            "arguments": self.arguments,
+        document = {  # only the arguments are not plain already (the rest: checked text)
+            "arguments": _plain(self.arguments),
             "environment": self.environment,
             "name": self.name,
             "principal": {"agent": self.principal.agent, "user": self.principal.user},
             "resource": self.resource,
             "schema": ACTION_SCHEMA,
         }
-        canonical = json.dumps(
-            _plain(document),
-            sort_keys=True,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-        ).encode("utf-8")
+        canonical = _CANONICAL_JSON.encode(document).encode("utf-8")
         object.__setattr__(self, "_canonical", canonical)
         object.__setattr__(self, "_hash", sha256_hex(canonical))
 

@@ -171,23 +171,40 @@ def _check_answer_fields(granted: Any, approver: Any, approved_arguments: Any) -
         )
 
 
+def _check_edit_fields(granted: Any, edited_arguments: Any) -> None:
+    if edited_arguments is None:
+        return
+    if not isinstance(edited_arguments, Mapping):
+        raise InvalidArgument(
+            "ApprovalAnswer edited_arguments must be a mapping of the arguments the human "
+            f"approved instead, or None; got {type(edited_arguments).__name__}"
+        )
+    if granted is not True:
+        raise InvalidArgument("ApprovalAnswer edited_arguments go with a grant, not a refusal")
+
+
 @dataclass(frozen=True)
 class ApprovalAnswer:
     """A human's verdict as the framework recorded it.
 
     ``granted`` is a real ``bool``; ``approver`` names the person, or the channel when the
     framework does not identify one; ``approved_arguments`` are the arguments the human answered
-    against, taken from the framework's own record (``None`` when it has none).
+    against, taken from the framework's own record (``None`` when it has none);
+    ``edited_arguments``, on a grant, are the arguments the human approved instead (an edit).
     """
 
     granted: bool
     approver: str
     approved_arguments: Mapping[str, Any] | None = None
+    edited_arguments: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_answer_fields(self.granted, self.approver, self.approved_arguments)
+        _check_edit_fields(self.granted, self.edited_arguments)
         if self.approved_arguments is not None:
             object.__setattr__(self, "approved_arguments", freeze(self.approved_arguments))
+        if self.edited_arguments is not None:
+            object.__setattr__(self, "edited_arguments", freeze(self.edited_arguments))
 
 
 # --------------------------------------------------------------------------- the protocol
@@ -215,6 +232,7 @@ class InterruptApprovalProvider:
         interrupt: FrameworkInterrupt,
         *,
         clock: Callable[[], datetime] = utc_now,
+        policy: Any = None,
     ) -> None:
         framework = getattr(interrupt, "framework", _ABSENT)
         if not isinstance(framework, str) or not framework.strip():
@@ -245,6 +263,7 @@ class InterruptApprovalProvider:
         self._store = store
         self._interrupt = interrupt
         self._clock = clock
+        self._policy = policy
 
     store = property(lambda self: self._store)
     interrupt = property(lambda self: self._interrupt)
@@ -305,6 +324,14 @@ class InterruptApprovalProvider:
             )
         # A frozen dataclass can still be forged; check the fields again before any write.
         _check_answer_fields(answer.granted, answer.approver, answer.approved_arguments)
+        edits = getattr(answer, "edited_arguments", None)
+        _check_edit_fields(answer.granted, edits)
+        if edits is not None and self._policy is None:
+            raise InvalidArgument(
+                f"the {self.framework} answer approves edited arguments, but this "
+                "InterruptApprovalProvider has no policy to re-check them; build it with "
+                "policy=<the Control's Policy>. Nothing was recorded"
+            )
         if answer.granted and self.carries_approved_arguments:
             self._check_binding(record, pending, answer)
 
@@ -317,6 +344,13 @@ class InterruptApprovalProvider:
         if not answer.granted:
             self._store.deny_approval(request_id, answer.approver)
             return None
+        if edits is not None:
+            from .edits import grant_with_edits
+
+            approval, _ = grant_with_edits(
+                self._store, request_id, answer.approver, thaw(edits), policy=self._policy
+            )
+            return approval
         approval = self._store.grant_approval(request_id, answer.approver)
         if approval is None:  # recorded, but below a multi-approver threshold
             raise ApprovalTimeout(

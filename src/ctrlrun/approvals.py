@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from ._time import format_precise, parse_ts, utc_now
-from .action import Action, new_id
+from .action import Action, canonical_bytes, new_id
 from .effect import check_line_text
 from .errors import ActionDenied, ApprovalMismatch, ApprovalTimeout, InvalidArgument
 
@@ -152,6 +152,8 @@ class Approval:
     approver: str | None
     granted_at: datetime
     expires_at: datetime
+    edited_from: str | None = None
+    edit_diff: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +166,7 @@ class ApprovalRecord:
     granted_at: datetime | None = None
     consumed_at: datetime | None = None
     approvers: tuple[VerifiedApprover, ...] = field(default=())
+    edited_action: Action | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "status", ApprovalStatus(self.status))
@@ -175,7 +178,31 @@ class ApprovalRecord:
 
     @property
     def action_hash(self) -> str:
+        """The hash this approval is bound to: the edited action's after an edited grant."""
+        if self.edited_action is not None:
+            return self.edited_action.action_hash
         return self.request.action_hash
+
+    @property
+    def edited_from(self) -> str | None:
+        """The original request's hash when the human approved edited arguments, else None."""
+        return self.request.action_hash if self.edited_action is not None else None
+
+    @property
+    def edit_diff(self) -> dict[str, Any] | None:
+        """What the human changed: ``{argument: {"from": old, "to": new}}`` (a side is absent
+        when the argument was added or removed), or None without an edit."""
+        if self.edited_action is None:
+            return None
+        return argument_diff(
+            self.request.action.canonical_arguments, self.edited_action.canonical_arguments
+        )
+
+    @property
+    def approved_arguments(self) -> dict[str, Any]:
+        """The arguments the human approved (the edited ones after an edit)."""
+        action = self.edited_action if self.edited_action is not None else self.request.action
+        return action.canonical_arguments
 
     @property
     def expires_at(self) -> datetime:
@@ -187,8 +214,32 @@ class ApprovalRecord:
         if self.status not in granted or self.granted_at is None:
             raise InvalidArgument(f"approval {self.approval_id} is {self.status}, not granted")
         return Approval(
-            self.approval_id, self.action_hash, self.approver, self.granted_at, self.expires_at
+            self.approval_id,
+            self.action_hash,
+            self.approver,
+            self.granted_at,
+            self.expires_at,
+            self.edited_from,
+            self.edit_diff,
         )
+
+
+def argument_diff(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """Per changed argument ``{"from": old, "to": new}``; an added one has only ``to``, a
+    removed one only ``from``."""
+    diff: dict[str, Any] = {}
+    for name in sorted(set(before) | set(after)):
+        if name in before and name in after and canonical_bytes(before[name]) == canonical_bytes(
+            after[name]
+        ):
+            continue
+        change: dict[str, Any] = {}
+        if name in before:
+            change["from"] = before[name]
+        if name in after:
+            change["to"] = after[name]
+        diff[name] = change
+    return diff
 
 
 def build_request(
@@ -276,6 +327,15 @@ def check_consumable(
     """May ``record`` be spent by the action hashing to ``action_hash``? Same contract as above."""
     if record is None:
         raise _unknown(approval_id)
+    if record.action_hash != action_hash and record.edited_from == action_hash:
+        raise ApprovalMismatch(
+            f"approval {approval_id} was granted with edits: the human approved "
+            f"{record.approved_arguments}, not the original arguments; re-issue the call with "
+            "exactly those (the exception's approved_arguments) under the same approval",
+            reason="edited",
+            approval_id=approval_id,
+            approved_arguments=record.approved_arguments,
+        )
     if record.action_hash != action_hash:
         raise ApprovalMismatch(
             f"approval {approval_id} was requested for {record.action_hash}, "
@@ -312,10 +372,20 @@ def _with_verified(
 
 
 def apply_grant(
-    record: ApprovalRecord, approver: str, now: datetime, verified: VerifiedApprover | None = None
+    record: ApprovalRecord,
+    approver: str,
+    now: datetime,
+    verified: VerifiedApprover | None = None,
+    *,
+    edited_action: Action | None = None,
 ) -> ApprovalRecord:
-    """The record after one grant: ``granted`` once the threshold is met, else still ``pending``."""
+    """The record after one grant: ``granted`` once the threshold is met, else still ``pending``.
+
+    With ``edited_action`` the grant binds the edited action's hash; the request keeps the original.
+    """
     check_line_text(approver, "approver")
+    if edited_action is not None:
+        check_edit(record.request.action, edited_action)
     approvers = _with_verified(record.approvers, verified)
     required = record.request.approvals_required
     if required > 1 and len(approvers) < required:
@@ -326,7 +396,25 @@ def apply_grant(
         approver=approver,
         granted_at=now,
         approvers=approvers,
+        edited_action=edited_action,
     )
+
+
+def check_edit(original: Action, edited: Action) -> None:
+    """An edit may change the arguments only, and must change them."""
+    same = (original.name, original.principal.agent, original.principal.user, original.resource,
+            original.environment)  # fmt: skip
+    other = (edited.name, edited.principal.agent, edited.principal.user, edited.resource,
+             edited.environment)  # fmt: skip
+    if same != other:
+        raise InvalidArgument(
+            "an edited approval may change the arguments only, not the action, principal, "
+            "resource or environment"
+        )
+    if edited.action_hash == original.action_hash:
+        raise InvalidArgument(
+            "the edited arguments are the ones requested; approve the request without edits"
+        )
 
 
 def apply_deny(

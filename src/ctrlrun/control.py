@@ -225,8 +225,11 @@ class Control:
         worker thread, so the loop never waits on a lock."""
         return await drive_async(self.pipeline(action, executor, effect_key, **settings))
 
-    def record_effect_key_error(self, action: Action, error: Exception) -> Steps[None]:
-        """An effect key that cannot be rendered is refused before policy, with a denied receipt."""
+    def refuse_effect_key(self, action: Action, error: Exception) -> Steps[None]:
+        """Record an effect key that cannot be rendered (refused before policy: a denied receipt).
+
+        A pipeline step: drive it with ``ctrlrun._steps.drive`` (``@protect`` does this).
+        """
         attempt = self._attempt(action, None, _ambient.presented_approval(), None, None)
         attempt.reason = "effect_key_error"
         attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
@@ -352,7 +355,7 @@ class Control:
             def started(approval, reservation):
                 events = attempt.take()
                 if approval is not None:
-                    attempt.approver = approval.approver
+                    attempt.spent(approval)
                     events.append(attempt.event(EventType.APPROVAL_CONSUMED, approver=approval.approver))
                 if reservation is not None:
                     attempt.attempt = reservation.attempt
@@ -507,7 +510,7 @@ class Control:
         """An allowed action presenting a matching grant closes it; any failure is ignored."""
         try:
             approval = yield call(self._store.consume_approval, approval_id, attempt.action.action_hash)
-            attempt.approver = approval.approver
+            attempt.spent(approval)
         except CTRLRunError as exc:
             log.info("presented approval %s left as it was: %s", approval_id, exc)
 

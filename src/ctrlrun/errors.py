@@ -141,13 +141,23 @@ class ApprovalTimeout(CTRLRunError):
 
 
 class ApprovalMismatch(CTRLRunError):
-    """A presented (or answered) approval does not authorize this exact action."""
+    """A presented (or answered) approval does not authorize this exact action.
+
+    With ``reason="edited"`` the human approved other arguments: ``approved_arguments`` holds
+    them, and re-issuing the call with exactly those under the same approval runs it once.
+    """
 
     def __init__(
-        self, message: str | None = None, *, reason: str, approval_id: str | None = None
+        self,
+        message: str | None = None,
+        *,
+        reason: str,
+        approval_id: str | None = None,
+        approved_arguments: Any = None,
     ) -> None:
         self.reason = reason
         self.approval_id = approval_id
+        self.approved_arguments = approved_arguments
         super().__init__(message)
 
     def _default_message(self) -> str:

@@ -168,21 +168,47 @@ class _Protected:
 
         return run
 
-    def steps(self, call: _Call) -> Steps[Any]:
-        """The whole call, sync or async alike: refuse a bad key, run, and wait for a human if asked."""
-        if call.effect_error is not None:
-            yield from call.control.record_effect_key_error(call.action, call.effect_error)
-            raise call.effect_error
+    def rebind(self, call: _Call, arguments: dict[str, Any]) -> _Call:
+        """The call a human approved with edits: the same action with the approved arguments."""
+        rest = dict(arguments)
+        positional = [rest.pop(name) for name in self.positional_only if name in rest]
         try:
-            return (yield from self.pipeline(call))
+            self.signature.bind(*positional, **rest)
+        except TypeError as exc:
+            raise InvalidArgument(
+                f"action {self.name!r}: the approved arguments {arguments} do not fit the "
+                f"function ({exc}); ask the approver to edit only its parameters"
+            ) from None
+        action = call.action.replace(arguments=arguments)
+        effect, _ = self.templates(call.control)
+        effect_key, effect_error = None, None
+        if effect is not None:
+            try:
+                effect_key = render_effect_key(effect, action.canonical_arguments, action.resource)
+            except EffectKeyError as exc:
+                effect_error = exc
+        return call._replace(action=action, effect_key=effect_key, effect_error=effect_error)
+
+    def steps(self, call: _Call) -> Steps[Any]:
+        """The whole call, sync or async alike; with ``wait=True``, ask a human and go on."""
+        try:
+            return (yield from self.attempt(call))
         except ApprovalRequired as required:
             if not self.wait:
                 raise
-            yield blocking(call.control.approvals.wait, required.request_id, None)
-            with _ambient.with_approval(required.request_id):
-                return (yield from self.pipeline(call))
+            request_id = required.request_id
+            approval = yield blocking(call.control.approvals.wait, request_id, None)
+            if approval is not None and approval.edited_from == call.action.action_hash:
+                record = yield blocking(call.control.store.get_approval, request_id)
+                call = self.rebind(call, record.approved_arguments)
+            with _ambient.with_approval(request_id):
+                return (yield from self.attempt(call))
 
-    def pipeline(self, call: _Call) -> Steps[Any]:
+    def attempt(self, call: _Call) -> Steps[Any]:
+        """One pass through the Control: a key that cannot be rendered is refused and recorded."""
+        if call.effect_error is not None:
+            yield from call.control.refuse_effect_key(call.action, call.effect_error)
+            raise call.effect_error
         value, _ = yield from call.control.pipeline(
             call.action,
             self.executor(call.action),

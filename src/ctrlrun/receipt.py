@@ -6,16 +6,18 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .action import canonical_bytes, sha256_hex
+from .action import _CANONICAL_JSON, _plain_checked, _Unplain, canonical_bytes, sha256_hex
 
 __all__ = [
     "GENESIS_HASH",
     "RECEIPT_SCHEMA",
+    "RECEIPT_SCHEMA_V7",
     "ChainBreak",
     "ChainReport",
     "Event",
@@ -28,7 +30,8 @@ __all__ = [
     "verify_chain",
 ]
 
-RECEIPT_SCHEMA = "ctrlrun.receipt/v7"
+RECEIPT_SCHEMA = "ctrlrun.receipt/v8"
+RECEIPT_SCHEMA_V7 = "ctrlrun.receipt/v7"  # read and verified as written; no longer written
 GENESIS_HASH = "sha256:" + "0" * 64
 
 log = logging.getLogger("ctrlrun")
@@ -55,6 +58,7 @@ class EventType(StrEnum):
     APPROVAL_DENIED = "APPROVAL_DENIED"
     APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
     APPROVAL_INVALIDATED = "APPROVAL_INVALIDATED"
+    APPROVAL_EDITED = "APPROVAL_EDITED"
     APPROVAL_CONSUMED = "APPROVAL_CONSUMED"
     EFFECT_RESERVED = "EFFECT_RESERVED"
     EFFECT_RESERVATION_REFUSED = "EFFECT_RESERVATION_REFUSED"
@@ -76,8 +80,11 @@ class EventType(StrEnum):
     CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _compact(document: Mapping[str, Any]) -> str:
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _COMPACT_JSON.encode(document)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +139,11 @@ _NOT_STORED = -1
 
 @dataclass(frozen=True, slots=True)
 class Receipt:
-    """The portable record of one finished attempt: 34 keys, in this order."""
+    """The portable record of one finished attempt: 36 keys, in this order (v8).
+
+    v8 is v7's 34 keys plus ``edited_from`` and ``edit_diff`` (approve with edits), both last
+    and ``null`` when there was no edit. A v7 document read back keeps its 34 keys.
+    """
 
     receipt_id: str
     action_id: str
@@ -167,24 +178,49 @@ class Receipt:
     scope_hash: str | None = None
     budget_charges: tuple[Mapping[str, Any], ...] = ()
     hop: str | None = None
+    edited_from: str | None = None
+    edit_diff: Mapping[str, Any] | None = None
     schema: str = RECEIPT_SCHEMA
     hash: str | None = field(default=None, compare=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     stored_seq: int | None = field(default=_NOT_STORED, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The 34-key document in table order (the stored hash is never part of it)."""
+        """The document in table order (the stored hash is never part of it)."""
+        return self._document()[0]
+
+    def _document(self) -> tuple[dict[str, Any], list[Any]]:
+        """``to_dict()``, and the keys whose values the canonical encoder must still check.
+
+        A value needs no check when it is a ``str``/``int``/``bool``/``None`` or a mapping that
+        ``to_dict`` parsed back from JSON without meeting a float: nothing in it can be refused
+        except a lone surrogate, which the UTF-8 encode of the canonical text catches.
+        """
         document: dict[str, Any] = {"schema": self.schema}
-        for name in _DOCUMENT_KEYS[1:]:
-            value = getattr(self, name)
-            if name in ("controls", "approvers", "budget_charges"):
+        unchecked: list[Any] = [] if type(self.schema) in _ATOMS else ["schema"]
+        if self.schema == RECEIPT_SCHEMA_V7:
+            body = zip(_BODY_KEYS_V7, _body_values_v7(self))
+        else:
+            body = zip(_BODY_KEYS, _body_values(self))
+        for name, value in body:
+            if name in _LIST_KEYS:
                 value = [dict(v) if isinstance(v, Mapping) else v for v in value]
+                if value:
+                    unchecked.append(name)
+            elif type(value) in _ATOMS:
+                pass
             elif isinstance(value, Mapping):
-                value = json.loads(_compact(value))
+                value, plain = _json_copy(value)
+                if not plain:
+                    unchecked.append(name)
+            else:
+                unchecked.append(name)
             document[name] = value
         for key, value in self.extra.items():
-            document.setdefault(key, value)
-        return document
+            if key not in document:
+                document[key] = value
+                unchecked.append(key)
+        return document, unchecked
 
     def to_json(self) -> str:
         """The stored line: compact JSON, keys in table order, non-ASCII as itself."""
@@ -192,12 +228,26 @@ class Receipt:
 
     def chain_hash(self) -> str:
         """``sha256:`` over the canonical (sorted-key) bytes of the document."""
-        return sha256_hex(canonical_bytes(self.to_dict()))
+        return sha256_hex(_canonical(*self._document()))
 
     def chained(self, seq: int, prev_hash: str) -> Receipt:
         """This receipt placed at ``seq`` after ``prev_hash``, with its hash computed."""
-        placed = replace(self, seq=seq, prev_hash=prev_hash, hash=None)
-        return replace(placed, hash=placed.chain_hash())
+        return self._placed(seq, prev_hash)[0]
+
+    def _placed(self, seq: int, prev_hash: str) -> tuple[Receipt, dict[str, Any]]:
+        """``chained(seq, prev_hash)`` and its ``to_dict()``, from one document (the store
+        writes ``_compact`` of it, which is the placed receipt's ``to_json()``)."""
+        document, unchecked = self._document()
+        # to_dict() of the placed receipt: this document with seq and prev_hash replaced (an
+        # extra key never overrides a field, so no extra key changes either)
+        for name, value in (("seq", seq), ("prev_hash", prev_hash)):
+            if type(value) not in _ATOMS:
+                if isinstance(value, Mapping):
+                    value = _json_copy(value)[0]
+                unchecked.append(name)
+            document[name] = value
+        digest = sha256_hex(_canonical(document, unchecked))
+        return _copy(self, seq=seq, prev_hash=prev_hash, hash=digest), document
 
     @classmethod
     def from_dict(
@@ -236,13 +286,95 @@ _DOCUMENT_KEYS = (
     "effect_key", "attempt", "result", "execution", "would_have", "error", "started_at",
     "finished_at", "seq", "prev_hash", "policy_hash", "policy_version", "controls",
     "precondition_at_request", "precondition_at_recheck", "approvers", "authority_grant_id",
-    "task", "scope_hash", "budget_charges", "hop",
+    "task", "scope_hash", "budget_charges", "hop", "edited_from", "edit_diff",
 )  # fmt: skip
 _DOCUMENT_KEY_SET = frozenset(_DOCUMENT_KEYS)
 _OPTIONAL_KEYS = frozenset(
     f.name for f in fields(Receipt) if f.default is not f.default_factory
 ) - {"hash", "extra", "stored_seq"}
-assert len(_DOCUMENT_KEYS) == 34
+assert len(_DOCUMENT_KEYS) == 36
+_BODY_KEYS = _DOCUMENT_KEYS[1:]
+_body_values = attrgetter(*_BODY_KEYS)
+_BODY_KEYS_V7 = _DOCUMENT_KEYS[1:34]
+_body_values_v7 = attrgetter(*_BODY_KEYS_V7)
+_LIST_KEYS = frozenset(("controls", "approvers", "budget_charges"))
+_ATOMS = frozenset((str, int, bool, type(None)))  # exact types: never a Mapping
+_FIELD_NAMES = tuple(f.name for f in fields(Receipt))
+_FIELD_SET = frozenset(_FIELD_NAMES)
+_field_values = attrgetter(*_FIELD_NAMES)
+assert not any(f.init is False for f in fields(Receipt)) and not hasattr(Receipt, "__post_init__")
+
+
+class _Float(Exception):
+    pass
+
+
+def _no_float(text: str) -> Any:
+    raise _Float
+
+
+_FLOATLESS = json.JSONDecoder(parse_float=_no_float)
+
+
+def _json_copy(value: Mapping[str, Any]) -> tuple[Any, bool]:
+    """``json.loads(_compact(value))``, and whether the copy holds no float."""
+    try:
+        return _exact_copy(value), True
+    except (_Unplain, RecursionError):
+        pass
+    text = _compact(value)
+    try:
+        return _FLOATLESS.decode(text), True
+    except _Float:
+        return json.loads(text), False
+
+
+def _exact_copy(value: Any) -> Any:
+    """What the JSON round trip makes of exact ``dict`` (``str`` keys)/``list``/``tuple``/``str``/
+    ``int``/``bool``/``None``, without the text; ``_Unplain`` at anything else (a float, a
+    subclass, another key type), which the round trip itself then decides."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is dict:
+        copy = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _Unplain
+            copy[key] = _exact_copy(item)
+        return copy
+    if kind is list or kind is tuple:
+        return [_exact_copy(item) for item in value]
+    raise _Unplain
+
+
+def _canonical(document: dict[str, Any], unchecked: list[Any]) -> bytes:
+    """``canonical_bytes(document)`` checking only the ``unchecked`` keys' values (see
+    ``Receipt._document``); anything refused, or odd, is left to ``canonical_bytes``."""
+    try:
+        plain = dict(document)
+        for key in unchecked:
+            if type(key) is not str:
+                raise _Unplain
+            plain[key] = _plain_checked(plain[key])
+        return _CANONICAL_JSON.encode(plain).encode("utf-8")
+    except (_Unplain, UnicodeEncodeError):
+        return canonical_bytes(document)
+
+
+def _copy(receipt: Receipt, **changes: Any) -> Receipt:
+    """``dataclasses.replace(receipt, **changes)`` without the per-call field introspection:
+    every field is an init field and ``Receipt`` has no ``__post_init__``, so copying the
+    slots is what ``replace`` does."""
+    new = object.__new__(Receipt)
+    set_slot = object.__setattr__
+    for name, value in zip(_FIELD_NAMES, _field_values(receipt)):
+        set_slot(new, name, value)
+    for name, value in changes.items():
+        if name not in _FIELD_SET:
+            raise TypeError(f"Receipt has no field {name!r}")
+        set_slot(new, name, value)
+    return new
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import click
@@ -9,7 +10,10 @@ import click
 from .._time import format_ts
 from ..action import canonical_bytes
 from ..approvals import ApprovalRecord, ApprovalStatus
+from .._default import policy_path as settings_policy_path
+from ..edits import edited_arguments, grant_with_edits, parse_assignments
 from ..errors import ApprovalMismatch, CTRLRunError
+from ..policy import Policy
 from ..receipt import Event, EventType
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
@@ -47,12 +51,21 @@ def _record_event(store: Any, settings: Settings, record: ApprovalRecord | None,
 
 @click.command()
 @click.argument("request_id")
+@click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
+              help="Approve with this argument changed (repeatable; VALUE is JSON or text). "
+                   "The edited action is checked against the policy again.")  # fmt: skip
+@click.option("--arguments", "arguments_json", metavar="JSON", default=None,
+              help="Approve with these arguments instead (a JSON object); --set applies on top.")
 @store_url_option
 @click.pass_obj
-def approve(settings: Settings, request_id: str, store_url: str | None) -> None:
-    """Grant a pending approval request (recorded as cli:local)."""
+def approve(settings: Settings, request_id: str, assignments: tuple[str, ...],
+            arguments_json: str | None, store_url: str | None) -> None:  # fmt: skip
+    """Grant a pending approval request (recorded as cli:local), as asked or with edits."""
     with open_operator_store(settings, store_url) as store:
         before = store.get_approval(request_id)
+        if assignments or arguments_json is not None:
+            _approve_with_edits(settings, store, request_id, before, assignments, arguments_json)
+            return
         try:
             approval = store.grant_approval(request_id, CLI_ANSWERER)
         except ApprovalMismatch as exc:
@@ -67,6 +80,36 @@ def approve(settings: Settings, request_id: str, store_url: str | None) -> None:
         say(f"expires {format_ts(approval.expires_at)}")
         _record_event(store, settings, record, request_id, EventType.APPROVAL_GRANTED,
                       approver=CLI_ANSWERER, action_hash=approval.action_hash)  # fmt: skip
+
+
+def _approve_with_edits(settings: Settings, store: Any, request_id: str,
+                        before: ApprovalRecord | None, assignments: tuple[str, ...],
+                        arguments_json: str | None) -> None:  # fmt: skip
+    """Grant with edited arguments, re-checked by the policy the agents run under."""
+    if before is None:
+        raise _refusal(request_id, before, ApprovalMismatch(reason="unknown"))
+    replace_all = None
+    if arguments_json is not None:
+        try:
+            replace_all = json.loads(arguments_json)
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON ({exc})", param_hint="--arguments") from None
+    arguments = edited_arguments(before, replace_all, parse_assignments(assignments))
+    policy = Policy.from_file(settings_policy_path())
+    try:
+        approval, record = grant_with_edits(store, request_id, CLI_ANSWERER, arguments, policy=policy)
+    except ApprovalMismatch as exc:
+        raise _refusal(request_id, before, exc) from None
+    say(f"granted {request_id} with edits for {approval.action_hash}")
+    say(f"was {approval.edited_from}")
+    for name, change in (approval.edit_diff or {}).items():
+        old = compact_json(change["from"]) if "from" in change else "(absent)"
+        new = compact_json(change["to"]) if "to" in change else "(absent)"
+        say(f"changed {name}: {old} → {new}")
+    say(f"expires {format_ts(approval.expires_at)}")
+    _record_event(store, settings, record, request_id, EventType.APPROVAL_EDITED,
+                  approver=CLI_ANSWERER, action_hash=approval.action_hash,
+                  edited_from=approval.edited_from, edit_diff=approval.edit_diff)  # fmt: skip
 
 
 @click.command()

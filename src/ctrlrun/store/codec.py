@@ -12,7 +12,7 @@ from ..action import action_from_dict, action_to_dict
 from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
 from ..effect import EffectRecord, EffectState
 from ..errors import InvalidArgument
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..receipt import Event, Receipt, UnreadableReceipt, _compact
 
 __all__ = [
     "approval_from_row",
@@ -56,10 +56,11 @@ def _text(value: str | None, what: str) -> str | None:
         return None
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a string, got {value!r}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidArgument(f"{what} holds a lone surrogate and cannot be stored") from None
+    if not value.isascii():  # ASCII is UTF-8 already
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"{what} holds a lone surrogate and cannot be stored") from None
     if "\x00" in value:
         # Postgres text cannot hold NUL; every backend refuses it so none permits more.
         raise InvalidArgument(f"{what} holds a NUL character and cannot be stored: {value!r}")
@@ -130,6 +131,13 @@ def approval_to_row(record: ApprovalRecord) -> dict[str, Any]:
         "approvers": approvers_text(record.approvers),
         "required_roles": dumps(list(request.required_roles), "required_roles"),
         "approvals_required": request.approvals_required,
+        "edited_action_json": (
+            None if record.edited_action is None
+            else dumps(action_to_dict(record.edited_action), "edited action")
+        ),
+        "edited_action_hash": (
+            None if record.edited_action is None else record.edited_action.action_hash
+        ),
     }
 
 
@@ -175,6 +183,10 @@ def approval_from_row(row: Mapping[str, Any]) -> ApprovalRecord:
             granted_at=_time(row["granted_at"]),
             consumed_at=_time(row["consumed_at"]),
             approvers=approvers,
+            edited_action=(
+                None if row.get("edited_action_json") is None
+                else action_from_dict(json.loads(row["edited_action_json"]))
+            ),
         )
     except Exception as exc:
         raise InvalidArgument(
@@ -208,16 +220,19 @@ def event_from_row(row: Mapping[str, Any]) -> Event:
     )
 
 
-def receipt_to_row(receipt: Receipt) -> dict[str, Any]:
-    """The row of a receipt already placed in the chain (``seq``, ``prev_hash``, ``hash`` set)."""
-    document = receipt.to_json()
-    _text(document, f"receipt {receipt.receipt_id}")
+def receipt_to_row(receipt: Receipt, document: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The row of a receipt already placed in the chain (``seq``, ``prev_hash``, ``hash`` set).
+
+    ``document`` is ``receipt.to_dict()`` when the caller has it already (``Receipt._placed``).
+    """
+    text = receipt.to_json() if document is None else _compact(document)
+    _text(text, f"receipt {receipt.receipt_id}")
     return {
         "receipt_id": _text(receipt.receipt_id, "receipt_id"),
         "action_id": _free_text(receipt.action_id, "receipt action_id"),
         "effect_key": _free_text(receipt.effect_key, "receipt effect_key"),
         "result": _free_text(receipt.result, "receipt result"),
-        "json": document,
+        "json": text,
         "ts": _free_text(receipt.finished_at, "receipt finished_at"),
         "seq": receipt.seq,
         "prev_hash": receipt.prev_hash,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
@@ -74,6 +74,18 @@ class _MemoryTx:
         self._effects[expected.effect_key] = codec.effect_to_row(record)
         return True
 
+    def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
+        row = self._effect_row(expected.effect_key)
+        if row is None:
+            return False
+        seen = (row["action_id"], row["state"], row["result_json"], row["error"])
+        if seen != (expected.action_id, expected.state.value, None, None):
+            return False
+        written = codec.effect_to_row(record)
+        changed = ("state", "updated_at", "lease_expires_at", "result_json", "error")
+        self._effects[expected.effect_key] = {**row, **{c: written[c] for c in changed}}
+        return True
+
     def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
         rows = {**self._data.effects, **self._effects}.values()
         chosen = [r for r in rows if state is None or r["state"] == state.value]
@@ -115,7 +127,7 @@ class _MemoryTx:
         rows = [
             r
             for r in {**self._data.approvals, **self._approvals}.values()
-            if (action_hash is None or r["action_hash"] == action_hash)
+            if (action_hash is None or action_hash in (r["action_hash"], r.get("edited_action_hash")))
             and (status is None or r["status"] == status.value)
             and (after is None or r["expires_at"] >= after)
         ]
@@ -125,36 +137,39 @@ class _MemoryTx:
         return [codec.approval_from_row(r) for r in rows]
 
     # events
-    def insert_event(self, event: Event) -> Event:
-        row = codec.event_to_row(event)
-        row["event_id"] = self._next_event
-        self._next_event += 1
-        self._events.append(row)
-        return codec.event_from_row(row)
+    def insert_events(self, events: Sequence[Event]) -> tuple[Event, ...]:
+        rows = [codec.event_to_row(event) for event in events]
+        for row in rows:
+            row["event_id"] = self._next_event
+            self._next_event += 1
+        self._events.extend(rows)
+        return tuple(codec.event_from_row(row) for row in rows)
 
     def list_events(self) -> list[Event]:
         return [codec.event_from_row(r) for r in [*self._data.events, *self._events]]
 
     # receipts
-    def has_receipt(self, receipt_id: str) -> bool:
+    def _has_receipt(self, receipt_id: str) -> bool:
         return receipt_id in self._receipts or receipt_id in self._data.receipts
 
-    def advance_head(self) -> tuple[int, str] | None:
+    def insert_events_and_advance_head(
+        self, events: Sequence[Event]
+    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
+        stored = self.insert_events(events)
         if self._head is None:
-            return None
+            return stored, None
         seq, previous = self._head
         self._head = (seq + 1, previous)
-        return self._head
+        return stored, self._head
 
-    def insert_receipt(self, receipt: Receipt) -> bool:
-        if self.has_receipt(receipt.receipt_id):
+    def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
+        if self._has_receipt(receipt.receipt_id):
             return False
-        self._receipts[receipt.receipt_id] = codec.receipt_to_row(receipt)
+        row = codec.receipt_to_row(receipt, document)
+        assert self._head is not None and receipt.hash is not None
+        self._receipts[receipt.receipt_id] = row
+        self._head = (self._head[0], receipt.hash)
         return True
-
-    def set_head_hash(self, hash: str) -> None:
-        assert self._head is not None
-        self._head = (self._head[0], hash)
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]:
         rows = list({**self._data.receipts, **self._receipts}.values())

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from .._time import require_aware, utc_now
+from ..action import Action
 from ..approvals import (
     Approval,
     ApprovalRecord,
@@ -78,12 +79,28 @@ class Tx(Protocol):
         newest_first: bool = False,
         limit: int | None = None,
     ) -> list[ApprovalRecord]: ...
-    def insert_event(self, event: Event) -> Event: ...
+    def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
+        """Compare-and-set on what a finishing caller knows: ``expected``'s key, action id and
+        state, and no result or error stored yet; write ``record``'s state, ``updated_at``,
+        lease, result and error (nothing else)."""
+        ...
+
+    def insert_events(self, events: Sequence[Event]) -> tuple[Event, ...]: ...
     def list_events(self) -> list[Event]: ...
-    def has_receipt(self, receipt_id: str) -> bool: ...
-    def advance_head(self) -> tuple[int, str] | None: ...
-    def insert_receipt(self, receipt: Receipt) -> bool: ...
-    def set_head_hash(self, hash: str) -> None: ...
+    def insert_events_and_advance_head(
+        self, events: Sequence[Event]
+    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
+        """``insert_events(events)`` (none is fine) and the chain head moved to its next seq:
+        the stored events and the new ``(seq, hash of the previous receipt)``, or ``None`` for
+        the head when its row is missing."""
+        ...
+
+    def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
+        """Insert ``receipt`` (placed: seq, prev_hash, hash set; ``document`` is its
+        ``to_dict()``) and make its hash the chain head's; False, writing neither, when its id
+        is taken."""
+        ...
+
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]: ...
     def head(self) -> tuple[int, str] | None: ...
 
@@ -92,8 +109,22 @@ class Tx(Protocol):
 
 
 def _reserve(
-    tx: Tx, effect_key: str, action_id: str, lease: timedelta, now: datetime, state: EffectState
+    tx: Tx,
+    effect_key: str,
+    action_id: str,
+    lease: timedelta,
+    now: datetime,
+    state: EffectState,
+    *,
+    insert_first: bool = False,
 ) -> Reservation:
+    if insert_first:
+        # A new key is the common case: insert the fresh record outright (the plan for "no
+        # record"); only a conflict reads the record and plans from what is there.
+        plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
+        assert plan.kind == "insert" and plan.write is not None
+        if tx.insert_effect(plan.write):
+            return plan.reservation
     for _ in range(2):
         record = tx.effect(effect_key)
         plan = plan_reservation(record, effect_key, action_id, lease, now, state=state)
@@ -126,6 +157,38 @@ def _transition(
         if tx.update_effect(record, updated):
             return updated
     raise DuplicateEffect(state="in_progress", effect_key=effect_key)
+
+
+def _finish(
+    tx: Tx, effect_key: str, action_id: str, decide: Callable[[EffectRecord | None], EffectRecord],
+    now: datetime,
+) -> None:
+    """``_transition`` for an attempt finishing the record its *start* left ``executing``.
+
+    The finishing rules (``check_commit``/``check_fail``/``check_mark_ambiguous``) accept a
+    record by its action id and state alone and change only its state, ``updated_at``, lease,
+    result and error. So the outcome is decided on the record as the caller knows it (key,
+    action id, ``executing``, no result or error yet) and written by one compare-and-set on
+    exactly those values, keeping every other column as stored. Only when no row matches is the
+    record read: the refusal (or the move from whatever state it is really in) is then decided
+    on the stored record, as ``_transition`` does. A rule that changed anything else would be
+    caught below and decided by ``_transition`` too.
+    """
+    known = EffectRecord(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
+    try:
+        updated: EffectRecord | None = decide(known)
+    except Exception:  # refused, or unwritable: decided again on the stored record below
+        updated = None
+    # the rules change only state, updated_at, lease, result and error (what finish_effect
+    # writes): anything else and the general path decides
+    if (
+        updated is None
+        or (updated.effect_key, updated.action_id, updated.attempt, updated.created_at)
+        != (effect_key, action_id, 1, now)
+        or updated.resolved_by is not None
+        or not tx.finish_effect(known, updated)
+    ):
+        _transition(tx, effect_key, decide)
 
 
 def _consumable(
@@ -177,7 +240,11 @@ def _start(
         approval = record.as_approval()
     if effect_key is not None:
         try:
-            reservation = _reserve(tx, effect_key, action_id, lease, now, state)
+            # With an approval the key is read first (as before), so a race on the key is
+            # decided after the approval's refusal can be checked; the allow path inserts.
+            reservation = _reserve(
+                tx, effect_key, action_id, lease, now, state, insert_first=approval_id is None
+            )
         except (DuplicateEffect, AmbiguousEffect):
             if approval_id is not None:
                 # Under READ COMMITTED another presenter may have consumed the approval while
@@ -190,38 +257,40 @@ def _start(
     if record is not None and not tx.update_approval(record, apply_consume(record, now)):
         raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
     built = events(approval, reservation) if events is not None else ()
-    return approval, reservation, tuple(tx.insert_event(e) for e in built)
+    return approval, reservation, (tx.insert_events(built) if built else ())
 
 
-def _put_receipt(tx: Tx, receipt: Receipt) -> Receipt:
+def _check_receipt(receipt: Any) -> None:
     if not isinstance(receipt, Receipt):
         raise InvalidArgument(f"expected a Receipt, got {receipt!r}")
     if not isinstance(receipt.receipt_id, str) or not receipt.receipt_id:
         raise InvalidArgument(f"receipt_id must be a non-empty string, got {receipt.receipt_id!r}")
-    duplicate = InvalidArgument(
-        f"receipt {receipt.receipt_id} is already stored; a receipt is written once"
-    )
-    if tx.has_receipt(receipt.receipt_id):
-        raise duplicate
-    head = tx.advance_head()
+
+
+def _place_receipt(tx: Tx, receipt: Receipt, head: tuple[int, str] | None) -> Receipt:
     if head is None:
         raise InvalidArgument(
             "the receipt chain head row is missing, so no receipt can be chained; "
             "the store was altered (run `ctrlrun receipts --verify-chain`)"
         )
-    placed = receipt.chained(*head)
-    if not tx.insert_receipt(placed):
-        raise duplicate
-    assert placed.hash is not None
-    tx.set_head_hash(placed.hash)
+    placed, document = receipt._placed(*head)
+    if not tx.place_receipt(placed, document):
+        # The id is taken. Raising rolls the whole transaction back on every store: the head
+        # moved above stays where it was, and nothing else of this write is kept.
+        raise InvalidArgument(
+            f"receipt {receipt.receipt_id} is already stored; a receipt is written once"
+        )
     return placed
 
 
 def _record(
     tx: Tx, events: Sequence[Event], receipt: Receipt | None
 ) -> tuple[tuple[Event, ...], Receipt | None]:
-    stored = tuple(tx.insert_event(e) for e in events)
-    return stored, (None if receipt is None else _put_receipt(tx, receipt))
+    if receipt is None:
+        return (tx.insert_events(events) if events else ()), None
+    _check_receipt(receipt)
+    stored, head = tx.insert_events_and_advance_head(events)
+    return stored, _place_receipt(tx, receipt, head)
 
 
 def _check_id(value: Any, what: str) -> str:
@@ -373,13 +442,22 @@ class StoreOps:
         return self._read(lambda tx, now: tx.approval(approval_id))
 
     def grant_approval(
-        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+        self,
+        approval_id: str,
+        approver: str,
+        *,
+        verified: VerifiedApprover | None = None,
+        edited_action: Action | None = None,
     ) -> Approval | None:
+        """Grant a pending request; with ``edited_action`` the grant binds the edited action."""
         _check_id(approval_id, "approval_id")
         check_line_text(approver, "approver")
         record = self._write(
             lambda tx, now: _answer(
-                tx, approval_id, now, lambda r: apply_grant(r, approver, now, verified)
+                tx,
+                approval_id,
+                now,
+                lambda r: apply_grant(r, approver, now, verified, edited_action=edited_action),
             )
         )
         return record.as_approval() if record.status is ApprovalStatus.GRANTED else None
@@ -511,7 +589,7 @@ class StoreOps:
         def finish(tx: Tx, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:
             if target is not None:
                 assert effect_key is not None
-                _transition(tx, effect_key, lambda r: checks[target](r, now))
+                _finish(tx, effect_key, action_id, lambda r: checks[target](r, now), now)
             return _record(tx, events, receipt)
 
         return self._write(finish)

@@ -69,6 +69,8 @@ approvals = Table(
     Column("approvers", Text),
     Column("required_roles", Text),
     Column("approvals_required", Integer),
+    Column("edited_action_json", Text),
+    Column("edited_action_hash", Text),
 )
 
 events = Table(
@@ -232,11 +234,22 @@ _0001_POSTGRESQL = (
     f"INSERT INTO {{s}}.receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
 )
 
+# Approve with edits: the action the human approved instead, and its hash (what the grant binds).
+_0002_SQLITE = (
+    "ALTER TABLE approvals ADD COLUMN edited_action_json TEXT",
+    "ALTER TABLE approvals ADD COLUMN edited_action_hash TEXT",
+)
+_0002_POSTGRESQL = (
+    "ALTER TABLE {s}.approvals ADD COLUMN edited_action_json TEXT",
+    f"ALTER TABLE {{s}}.approvals ADD COLUMN edited_action_hash {_C}",
+)
+
 _MIGRATION_SQL: dict[str, dict[str, tuple[str, ...]]] = {
     "0001_initial": {"sqlite": _0001_SQLITE, "postgresql": _0001_POSTGRESQL},
+    "0002_approval_edits": {"sqlite": _0002_SQLITE, "postgresql": _0002_POSTGRESQL},
 }
 
-MIGRATIONS: tuple[str, ...] = ("0001_initial",)
+MIGRATIONS: tuple[str, ...] = ("0001_initial", "0002_approval_edits")
 HEAD = MIGRATIONS[-1]
 
 

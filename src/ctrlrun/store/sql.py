@@ -1,13 +1,21 @@
-"""The SQL store shared by dialects: SQLAlchemy Core, compare-and-set, a connection per thread."""
+"""The SQL store shared by dialects: SQLAlchemy Core, compare-and-set, a connection per thread.
+
+The statements of the hot path (an allowed call's *start* and *finish* transactions) are
+written out once per store as plain SQL for its dialect and run with ``exec_driver_sql``: no
+statement is built, coerced, cache-keyed or compiled per call, and SQLAlchemy still runs them
+(its events fire, its errors wrap the driver's, a lost connection is invalidated). The rest
+(approvals, listings) stays SQLAlchemy Core.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, exists, select, update
+from sqlalchemy import Connection, Engine, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..approvals import ApprovalRecord, ApprovalStatus
@@ -18,7 +26,7 @@ from . import codec
 from .ops import KeptWrite, StoreOps, Tx
 from .schema import approvals, effects, events, receipt_chain, receipts
 
-__all__ = ["SQLStateStore", "SQLTx"]
+__all__ = ["SQLStateStore", "SQLTx", "Statements"]
 
 T = TypeVar("T")
 
@@ -33,12 +41,123 @@ def _dialect_insert(dialect: str) -> Callable[..., Any]:
     return insert
 
 
+_EFFECT_COLUMNS = tuple(c.name for c in effects.c)
+_EVENT_COLUMNS = tuple(c.name for c in events.c if c.name != "event_id")
+_RECEIPT_COLUMNS = tuple(c.name for c in receipts.c)
+_effect_values = itemgetter(*_EFFECT_COLUMNS)
+_event_values = itemgetter(*_EVENT_COLUMNS)
+_receipt_values = itemgetter(*_RECEIPT_COLUMNS)
+_EVENTS_PER_STATEMENT = 500  # 6 parameters a row: far below SQLite's and Postgres' limits
+
+
+class Statements:
+    """The hot path's SQL for one dialect and schema, written once (``?`` is a parameter)."""
+
+    def __init__(self, dialect: Any, schema: str | None) -> None:
+        if dialect.name not in ("sqlite", "postgresql"):  # pragma: no cover
+            raise CTRLRunError(f"no ctrlrun store for the {dialect.name} dialect")
+        self.insert = _dialect_insert(dialect.name)
+        prefix = dialect.identifier_preparer.quote_schema(schema) + "." if schema else ""
+        # psycopg takes %s; SQLite's driver takes ?. No statement below holds % or a literal ?.
+        self._mark = "%s" if dialect.paramstyle in ("format", "pyformat") else "?"
+
+        def sql(text: str) -> str:
+            assert "%" not in text
+            return text.replace("{p}", prefix).replace("?", self._mark)
+
+        effect_list = ", ".join(_EFFECT_COLUMNS)
+        self.effect = sql(f"SELECT {effect_list} FROM {{p}}effects WHERE effect_key = ?")
+        self.insert_effect = sql(
+            f"INSERT INTO {{p}}effects ({effect_list}) VALUES ({_marks(len(_EFFECT_COLUMNS))}) "
+            "ON CONFLICT (effect_key) DO NOTHING"
+        )
+        self.update_effect = sql(
+            "UPDATE {p}effects SET "
+            + ", ".join(f"{c} = ?" for c in _EFFECT_COLUMNS[1:])
+            + " WHERE effect_key = ? AND state = ? AND action_id = ? AND attempt = ?"
+        )
+        self.finish_effect = sql(
+            "UPDATE {p}effects SET state = ?, updated_at = ?, lease_expires_at = ?, "
+            "result_json = ?, error = ? WHERE effect_key = ? AND action_id = ? AND state = ? "
+            "AND result_json IS NULL AND error IS NULL"
+        )
+        self._insert_events = (
+            f"INSERT INTO {{p}}events ({', '.join(_EVENT_COLUMNS)}) VALUES ",
+            f"({_marks(len(_EVENT_COLUMNS))})",
+            f" RETURNING event_id, {', '.join(_EVENT_COLUMNS)}",
+        )
+        self._events_sql: dict[tuple[int, bool], str] = {}
+        self.advance_head = sql(
+            "UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash"
+        )
+        insert_receipt = (
+            f"INSERT INTO {{p}}receipts ({', '.join(_RECEIPT_COLUMNS)}) "
+            f"VALUES ({_marks(len(_RECEIPT_COLUMNS))}) ON CONFLICT (receipt_id) DO NOTHING"
+        )
+        self.insert_receipt = sql(insert_receipt)
+        self.set_head_hash = sql("UPDATE {p}receipt_chain SET hash = ? WHERE id = 1")
+        # Postgres runs two writes in one statement (a data-modifying CTE), one round trip
+        # less each time; SQLite has no such CTE and sends the statements one by one.
+        self.combines = dialect.name == "postgresql"
+        # the head takes the hash only of a receipt row inserted
+        self.place_receipt = (
+            sql(
+                f"WITH placed AS ({insert_receipt} RETURNING hash) "
+                "UPDATE {p}receipt_chain AS head SET hash = placed.hash FROM placed "
+                "WHERE head.id = 1"
+            )
+            if self.combines
+            else None
+        )
+        self._sql = sql
+
+    def insert_events(self, rows: int, *, advance_head: bool = False) -> str:
+        """``INSERT`` of ``rows`` events in one statement, returning each row with its id.
+
+        ``advance_head`` (Postgres only): the same statement also moves the chain head, in a
+        data-modifying CTE, and returns it as one more row flagged ``1`` in a first column
+        (event rows carry ``0``).
+        """
+        key = (rows, advance_head)
+        statement = self._events_sql.get(key)
+        if statement is None:
+            head, row, tail = self._insert_events
+            insert = head + ", ".join([row] * rows) + tail
+            if advance_head:
+                assert self.combines
+                columns = ", ".join(_EVENT_COLUMNS)
+                nulls = ", ".join(["NULL"] * (len(_EVENT_COLUMNS) - 1))
+                insert = (
+                    f"WITH added AS ({insert}), "
+                    "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
+                    "RETURNING seq, hash) "
+                    f"SELECT 0, event_id, {columns} FROM added "
+                    f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved"
+                )
+            statement = self._sql(insert)
+            if rows <= 16:
+                self._events_sql[key] = statement
+        return statement
+
+
+def _marks(n: int) -> str:
+    return ", ".join(["?"] * n)
+
+
+def _schema_of(engine: Engine) -> str | None:
+    """The schema the engine's ``schema_translate_map`` puts unqualified tables in, if any."""
+    translate = engine.get_execution_options().get("schema_translate_map") or {}
+    return translate.get(None)
+
+
 class SQLTx:
     """The row operations over one SQLAlchemy connection inside the caller's transaction."""
 
-    def __init__(self, conn: Connection, insert: Callable[..., Any]) -> None:
+    def __init__(self, conn: Connection, statements: Statements) -> None:
         self.conn = conn
-        self._insert = insert
+        self.sql = statements
+        self._insert = statements.insert
+        self._run = conn.exec_driver_sql
 
     def _insert_new(self, table: Any, key: str, row: dict[str, Any]) -> bool:
         # RETURNING, not rowcount: drivers need not report an INSERT's row count (psycopg's
@@ -53,30 +172,38 @@ class SQLTx:
 
     # effects
     def effect(self, effect_key: str) -> EffectRecord | None:
-        row = (
-            self.conn.execute(select(effects).where(effects.c.effect_key == effect_key))
-            .mappings()
-            .first()
-        )
-        return None if row is None else codec.effect_from_row(row)
+        row = self._run(self.sql.effect, (effect_key,)).first()
+        return None if row is None else codec.effect_from_row(dict(zip(_EFFECT_COLUMNS, row)))
 
     def insert_effect(self, record: EffectRecord) -> bool:
-        return self._insert_new(effects, "effect_key", codec.effect_to_row(record))
+        values = _effect_values(codec.effect_to_row(record))
+        # exec_driver_sql hands back the driver's own cursor row count, which sqlite3 and
+        # psycopg both report for an INSERT (0 when the key exists); it costs far less to read
+        # than a RETURNING row (see _insert_new for statements SQLAlchemy builds).
+        return self._run(self.sql.insert_effect, values).rowcount == 1
 
     def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
-        row = codec.effect_to_row(record)
-        del row["effect_key"]
-        statement = (
-            update(effects)
-            .where(
-                effects.c.effect_key == expected.effect_key,
-                effects.c.state == expected.state.value,
-                effects.c.action_id == expected.action_id,
-                effects.c.attempt == expected.attempt,
-            )
-            .values(**row)
+        values = _effect_values(codec.effect_to_row(record))[1:] + (
+            expected.effect_key,
+            expected.state.value,
+            expected.action_id,
+            expected.attempt,
         )
-        return self.conn.execute(statement).rowcount == 1
+        return self._run(self.sql.update_effect, values).rowcount == 1
+
+    def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
+        row = codec.effect_to_row(record)
+        values = (
+            row["state"],
+            row["updated_at"],
+            row["lease_expires_at"],
+            row["result_json"],
+            row["error"],
+            expected.effect_key,
+            expected.action_id,
+            expected.state.value,
+        )
+        return self._run(self.sql.finish_effect, values).rowcount == 1
 
     def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
         query = select(effects).order_by(effects.c.created_at, effects.c.effect_key)
@@ -123,7 +250,9 @@ class SQLTx:
     ) -> list[ApprovalRecord]:
         query = select(approvals)
         if action_hash is not None:
-            query = query.where(approvals.c.action_hash == action_hash)
+            query = query.where(
+                or_(approvals.c.action_hash == action_hash, approvals.c.edited_action_hash == action_hash)
+            )
         if status is not None:
             query = query.where(approvals.c.status == status.value)
         if valid_at is not None:
@@ -135,37 +264,54 @@ class SQLTx:
         return [codec.approval_from_row(r) for r in self.conn.execute(query).mappings()]
 
     # events
-    def insert_event(self, event: Event) -> Event:
-        row = codec.event_to_row(event)
-        event_id = self.conn.execute(
-            events.insert().values(**row).returning(events.c.event_id)
-        ).scalar_one()
-        return codec.event_from_row({**row, "event_id": event_id})
+    def insert_events(self, batch: Sequence[Event]) -> tuple[Event, ...]:
+        return self._insert_events(batch, advance_head=False)[0]
+
+    def insert_events_and_advance_head(
+        self, batch: Sequence[Event]
+    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
+        if not self.sql.combines or not batch or len(batch) > _EVENTS_PER_STATEMENT:
+            return self.insert_events(batch), self.advance_head()
+        return self._insert_events(batch, advance_head=True)
+
+    def _insert_events(
+        self, batch: Sequence[Event], *, advance_head: bool
+    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
+        rows = [codec.event_to_row(event) for event in batch]
+        ids: list[int] = []
+        head = None
+        for start in range(0, len(rows), _EVENTS_PER_STATEMENT):
+            chunk = rows[start : start + _EVENTS_PER_STATEMENT]
+            values = [v for row in chunk for v in _event_values(row)]
+            statement = self.sql.insert_events(len(chunk), advance_head=advance_head)
+            returned = self._run(statement, tuple(values)).all()
+            if advance_head:
+                moved = [r for r in returned if r[0] == 1]
+                head = (int(moved[0][1]), moved[0][2]) if moved else None
+                returned = [r[1:] for r in returned if r[0] == 0]
+            ids += _match_ids(chunk, returned)
+        stored = tuple(
+            codec.event_from_row({**row, "event_id": event_id}) for row, event_id in zip(rows, ids)
+        )
+        return stored, head
 
     def list_events(self) -> list[Event]:
         query = select(events).order_by(events.c.event_id)
         return [codec.event_from_row(r) for r in self.conn.execute(query).mappings()]
 
     # receipts and the chain head
-    def has_receipt(self, receipt_id: str) -> bool:
-        query = select(exists().where(receipts.c.receipt_id == receipt_id))
-        return bool(self.conn.execute(query).scalar())
-
     def advance_head(self) -> tuple[int, str] | None:
-        statement = (
-            update(receipt_chain)
-            .where(receipt_chain.c.id == 1)
-            .values(seq=receipt_chain.c.seq + 1)
-            .returning(receipt_chain.c.seq, receipt_chain.c.hash)
-        )
-        row = self.conn.execute(statement).first()
+        row = self._run(self.sql.advance_head).first()
         return None if row is None else (int(row[0]), row[1])
 
-    def insert_receipt(self, receipt: Receipt) -> bool:
-        return self._insert_new(receipts, "receipt_id", codec.receipt_to_row(receipt))
-
-    def set_head_hash(self, hash: str) -> None:
-        self.conn.execute(update(receipt_chain).where(receipt_chain.c.id == 1).values(hash=hash))
+    def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
+        values = _receipt_values(codec.receipt_to_row(receipt, document))
+        if self.sql.place_receipt is not None:
+            return self._run(self.sql.place_receipt, values).rowcount == 1
+        if self._run(self.sql.insert_receipt, values).rowcount != 1:  # see insert_effect
+            return False
+        self._run(self.sql.set_head_hash, (receipt.hash,))
+        return True
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]:
         query = select(receipts).order_by(receipts.c.seq.asc().nulls_first(), receipts.c.receipt_id)
@@ -175,6 +321,21 @@ class SQLTx:
         query = select(receipt_chain.c.seq, receipt_chain.c.hash).where(receipt_chain.c.id == 1)
         row = self.conn.execute(query).first()
         return None if row is None else (int(row[0]), row[1])
+
+
+def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]:
+    """The id the database gave each row, by content: the order of RETURNING rows is not
+    guaranteed (SQLite says so). Rows equal in every column are interchangeable; they take
+    their ids in ascending order."""
+    if len(returned) != len(rows):
+        raise CTRLRunError(f"the store returned {len(returned)} ids for {len(rows)} events")
+    by_content: dict[tuple[Any, ...], list[int]] = {}
+    for found in sorted(returned, key=lambda r: int(r[0]), reverse=True):
+        by_content.setdefault(tuple(found[1:]), []).append(int(found[0]))
+    try:
+        return [by_content[_event_values(row)].pop() for row in rows]
+    except (KeyError, IndexError):
+        raise CTRLRunError("the store returned event rows that differ from those written") from None
 
 
 class SQLStateStore(StoreOps):
@@ -187,7 +348,7 @@ class SQLStateStore(StoreOps):
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime]) -> None:
         super().__init__(clock=clock)
         self.engine = engine
-        self._insert = _dialect_insert(engine.dialect.name)
+        self._statements = Statements(engine.dialect, _schema_of(engine))
         self._local = threading.local()
         self._connections: list[Connection] = []
         self._connections_lock = threading.Lock()
@@ -259,7 +420,7 @@ class SQLStateStore(StoreOps):
             raise self._driver_error(exc, "starting a write") from None
         kept: CTRLRunError | None = None
         try:
-            result = operation(SQLTx(conn, self._insert), self._now())
+            result = operation(SQLTx(conn, self._statements), self._now())
         except KeptWrite as exc:
             kept = exc.error
         except SQLAlchemyError as exc:
@@ -280,7 +441,7 @@ class SQLStateStore(StoreOps):
     def _read(self, operation: Callable[[Tx, datetime], T]) -> T:
         conn = self._conn()
         try:
-            return operation(SQLTx(conn, self._insert), self._now())
+            return operation(SQLTx(conn, self._statements), self._now())
         except (SQLAlchemyError, UnicodeError) as exc:
             raise self._driver_error(exc, "reading") from None
         finally:

@@ -26,11 +26,12 @@ RESUME_SHAPE = (
     "Command(resume=...) accepts: True (grant), False (refusal), or "
     '{"approved": True|False, "approver": "<who answered>" (optional), '
     '"arguments": {<the arguments shown in the interrupt payload>} '
-    "(required on a grant when carries_approved_arguments=True)}"
+    "(required on a grant when carries_approved_arguments=True), "
+    '"edited_arguments": {<the arguments approved instead>} (optional, a grant with edits)}'
 )
 """The accepted resume values, quoted in every refusal of a malformed one."""
 
-_KEYS = frozenset({"approved", "approver", "arguments"})
+_KEYS = frozenset({"approved", "approver", "arguments", "edited_arguments"})
 
 
 def _refuse(resume: Any, why: str) -> InvalidArgument:
@@ -96,6 +97,11 @@ class LangGraphInterrupt:
         arguments = resume.get("arguments")
         if arguments is not None and not isinstance(arguments, Mapping):
             raise _refuse(resume, f"'arguments' must be a mapping, not {type(arguments).__name__}")
+        edited = resume.get("edited_arguments")
+        if edited is not None and not isinstance(edited, Mapping):
+            raise _refuse(resume, f"'edited_arguments' must be a mapping, not {type(edited).__name__}")
+        if edited is not None and verdict is not True:
+            raise _refuse(resume, "'edited_arguments' go with approved: true")
         if not self.carries_approved_arguments:
             arguments = None  # attribution: the answer's arguments are never compared
-        return ApprovalAnswer(verdict, approver, arguments)
+        return ApprovalAnswer(verdict, approver, arguments, edited)
