@@ -169,3 +169,13 @@ def test_a_v7_document_reads_and_hashes_as_written():
     from ctrlrun.action import canonical_bytes, sha256_hex
 
     assert old.chain_hash() == sha256_hex(canonical_bytes(document))
+
+
+def test_timestamps_are_utc_milliseconds_truncated():
+    from datetime import datetime, timedelta, timezone
+
+    from ctrlrun._time import format_ts
+
+    assert format_ts(datetime(2026, 11, 30, 9, 56, 59, 597999, tzinfo=timezone.utc)) == "2026-11-30T09:56:59.597Z"
+    plus_one = timezone(timedelta(hours=1))
+    assert format_ts(datetime(2026, 11, 30, 10, 0, 0, 1000, tzinfo=plus_one)) == "2026-11-30T09:00:00.001Z"

@@ -15,8 +15,10 @@ def utc_now() -> datetime:
 
 def format_ts(moment: datetime) -> str:
     """UTC ISO-8601 with milliseconds (truncated) and ``Z``: ``2026-11-30T09:56:59.597Z``."""
-    moment = moment.astimezone(timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    if moment.tzinfo is not timezone.utc:
+        moment = moment.astimezone(timezone.utc)
+    # isoformat truncates to milliseconds (it never rounds); "+00:00" becomes "Z"
+    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
 
 
 def format_precise(moment: datetime) -> str:
