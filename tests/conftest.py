@@ -189,3 +189,7 @@ def store(store_kind: str, tmp_path: Path, clock: FakeClock) -> Iterator[Any]:
     instance = STORE_FACTORIES[store_kind](tmp_path, clock)
     yield instance
     instance.close()
+
+
+# The CLI tests' fixtures (an empty working directory; a project with a store in it).
+from ._cli_helpers import project, workdir  # noqa: E402, F401

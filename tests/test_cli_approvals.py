@@ -11,7 +11,7 @@ from ctrlrun import ActionDenied, ApprovalStatus
 from ctrlrun._time import format_ts
 from ctrlrun.receipt import EventType
 
-from ._cli_helpers import invoke, later, project, workdir  # noqa: F401
+from ._cli_helpers import invoke, later
 
 SPEC_HASH = "sha256:22ec1c398e4b93d080b6cba61e5e11b0e21879552ac5dbf63c192d2b2e6af752"
 

@@ -8,7 +8,7 @@ import ctrlrun
 from ctrlrun import Action, Control, InMemoryStateStore, Policy, Principal
 from ctrlrun.cli.commands_policy import starter_policy
 
-from ._cli_helpers import invoke, project, tree, workdir  # noqa: F401
+from ._cli_helpers import invoke, tree
 from .vectors import ROOT
 
 COMMANDS = ["init", "demo", "approve", "deny", "pending", "resolve", "effects", "receipts", "policy"]

@@ -11,7 +11,7 @@ from ctrlrun import SQLiteStateStore
 from ctrlrun.cli.demo_world import DEMO_FILES
 from ctrlrun.receipt import verify_chain
 
-from ._cli_helpers import invoke, tree, workdir  # noqa: F401
+from ._cli_helpers import invoke, tree
 
 HEADINGS = [
     "1. Duplicate effect after a lost response",

@@ -10,7 +10,7 @@ import ctrlrun
 from ctrlrun import EffectState
 from ctrlrun.receipt import EventType
 
-from ._cli_helpers import invoke, later, project, workdir  # noqa: F401
+from ._cli_helpers import invoke, later
 
 
 def _snapshot(project, key):

@@ -9,7 +9,7 @@ import pytest
 import ctrlrun
 from ctrlrun.cli.text import safe
 
-from ._cli_helpers import invoke, project, sql, workdir  # noqa: F401
+from ._cli_helpers import invoke, sql
 
 HOSTILE = "txn\x1b[2J\u202eevil\r\nseq 9  ctr_forged  allow/committed\u0085\u2028\u2029\u200b\x9b"
 RAW = ["\x1b", "\u202e", "\r", "\u0085", "\u2028", "\u2029", "\u200b", "\x9b"]

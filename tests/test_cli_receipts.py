@@ -10,7 +10,7 @@ import pytest
 import ctrlrun
 from ctrlrun.receipt import GENESIS_HASH, verify_chain
 
-from ._cli_helpers import invoke, project, sql, workdir  # noqa: F401
+from ._cli_helpers import invoke, sql
 
 
 @pytest.fixture

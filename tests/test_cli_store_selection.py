@@ -6,7 +6,7 @@ import pytest
 
 from ctrlrun import SQLiteStateStore
 
-from ._cli_helpers import START, invoke, project, sql, tree, workdir  # noqa: F401
+from ._cli_helpers import START, invoke, sql, tree
 from .conftest import FakeClock
 
 READERS = [

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-import ctrlrun
 from ctrlrun import (
     ActionDenied,
     ApprovalMismatch,
@@ -25,19 +24,9 @@ from ctrlrun.receipt import verify_chain
 
 from ._cli_helpers import invoke
 from .clock import Clock
+from .policies import REFUND_POLICY
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  stripe.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 500000 }
-        decision: approve
-      - decision: deny
-"""
+POLICY = REFUND_POLICY
 
 
 @pytest.fixture

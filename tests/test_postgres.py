@@ -30,7 +30,7 @@ from ctrlrun.errors import (
 )
 from ctrlrun.postgres import PostgresStateStore, clock_skew, split_store_url
 from ctrlrun.store import open_store_url
-from ctrlrun.store.schema import HEAD, MIGRATIONS
+from ctrlrun.store.schema import MIGRATIONS
 
 from .conftest import create_pg_schema, drop_pg_schema
 from .test_store_conformance import granted_request, make_action, make_receipt

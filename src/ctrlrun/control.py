@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Literal
 
 from . import _ambient

@@ -205,18 +205,6 @@ class PostgresStateStore(SQLStateStore):
             self._conninfo, autocommit=True, prepare_threshold=None, **extra
         )
 
-    @staticmethod
-    def _on_begin(conn: Any) -> None:
-        if conn.info.get("ctrlrun_write"):
-            conn.exec_driver_sql("BEGIN")
-
-    def _begin_write(self, conn: Any) -> Any:
-        conn.info["ctrlrun_write"] = True
-        try:
-            return conn.begin()
-        finally:
-            conn.info["ctrlrun_write"] = False
-
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         state = _sqlstate(exc) or ""
         message = _message(exc)

@@ -341,9 +341,12 @@ def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]
 class SQLStateStore(StoreOps):
     """The store over a SQLAlchemy engine: each write one transaction, each thread one connection.
 
-    A dialect subclass provides the engine, how a write transaction begins (``_begin_write``),
-    and how driver errors read (``_driver_error``, ``_commit_error``).
+    A dialect subclass provides the engine, the statement that opens a write transaction
+    (``BEGIN_WRITE``, emitted by ``_on_begin`` once the subclass listens for the engine's
+    ``begin`` event), and how driver errors read (``_driver_error``, ``_commit_error``).
     """
+
+    BEGIN_WRITE = "BEGIN"
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime]) -> None:
         super().__init__(clock=clock)
@@ -356,8 +359,17 @@ class SQLStateStore(StoreOps):
 
     # -- dialect hooks
 
+    def _on_begin(self, conn: Connection) -> None:
+        if conn.info.get("ctrlrun_write"):
+            conn.exec_driver_sql(self.BEGIN_WRITE)
+
     def _begin_write(self, conn: Connection) -> Any:
-        return conn.begin()
+        """Open a write transaction with ``BEGIN_WRITE`` (driver transactions are off)."""
+        conn.info["ctrlrun_write"] = True
+        try:
+            return conn.begin()
+        finally:
+            conn.info["ctrlrun_write"] = False
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         return CTRLRunError(f"the store failed while {doing}: {exc}")

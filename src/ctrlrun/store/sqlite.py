@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, create_engine, event
+from sqlalchemy import create_engine, event
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -50,6 +50,8 @@ class SQLiteStateStore(SQLStateStore):
     ``"normal"`` survives a process crash but may lose the last commits on power loss.
     ``migrate=False`` opens an existing store at the current schema only, creating nothing.
     """
+
+    BEGIN_WRITE = "BEGIN IMMEDIATE"  # takes the write lock before the first read
 
     def __init__(
         self,
@@ -111,18 +113,6 @@ class SQLiteStateStore(SQLStateStore):
         conn.execute(f"PRAGMA busy_timeout={int(_BUSY_SECONDS * 1000)}")
         conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
         return conn
-
-    @staticmethod
-    def _on_begin(conn: Connection) -> None:
-        if conn.info.get("ctrlrun_immediate"):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    def _begin_write(self, conn: Connection) -> Any:
-        conn.info["ctrlrun_immediate"] = True
-        try:
-            return conn.begin()
-        finally:
-            conn.info["ctrlrun_immediate"] = False
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         message = str(getattr(exc, "orig", None) or exc)
