@@ -161,7 +161,7 @@ class PostgresStateStore(SQLStateStore):
         self._params = params
         self._schema = schema
         self.migrate = migrate
-        from sqlalchemy import create_engine, event
+        from sqlalchemy import create_engine
         from sqlalchemy.pool import NullPool
 
         engine = create_engine(
@@ -170,13 +170,8 @@ class PostgresStateStore(SQLStateStore):
             poolclass=NullPool,
             isolation_level="AUTOCOMMIT",
         ).execution_options(schema_translate_map={None: schema})
-        event.listen(engine, "begin", self._on_begin)
         super().__init__(engine, clock=clock)
-        try:
-            self._open(migrate)
-        except BaseException:
-            self.close()
-            raise
+        self._open_or_close(migrate)
 
     @property
     def schema(self) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -127,73 +127,73 @@ _VALUE_RULE = "a placeholder value must be a non-empty string or an integer (not
 def render_effect_key(
     template: str, canonical_arguments: Mapping[str, Any], resource: str | None
 ) -> str:
-    """Render an effect-key template from canonical arguments; ``EffectKeyError`` if it cannot."""
-    try:
-        parts = parse_template(template)
-    except TemplateSyntaxError as exc:
-        raise EffectKeyError(f"effect template {template!r} is invalid: {exc}") from None
-    out: list[str] = []
-    for part in parts:
-        if not isinstance(part, Placeholder):
-            out.append(part)
-            continue
-        name = part.name
-        if name == "resource":
-            if "resource" in canonical_arguments:
-                raise EffectKeyError(
-                    f"effect template {template!r}: placeholder {{resource}} is ambiguous, the "
-                    "call has an argument named 'resource' and {resource} names the action's "
-                    "resource; rename the argument or the placeholder"
-                )
-            if resource is None:
-                raise EffectKeyError(
-                    f"effect template {template!r}: placeholder {{resource}} names the action's "
-                    "resource, but this action has none; give the action a resource template "
-                    "or remove {resource}"
-                )
-            value: Any = resource
-        else:
-            if name not in canonical_arguments:
-                names = ", ".join(sorted(canonical_arguments)) or "none"
-                raise EffectKeyError(
-                    f"effect template {template!r}: placeholder {{{name}}} names no argument of "
-                    f"this call (it has: {names}); pass {name} or fix the template"
-                )
-            value = canonical_arguments[name]
-        text = _render_value(value)
-        if text is None:
+    """Render an effect-key template from canonical arguments; ``EffectKeyError`` if it cannot.
+
+    ``{resource}`` names the action's resource field (an argument also called ``resource`` makes
+    it ambiguous, and is refused).
+    """
+
+    def value_of(name: str) -> Any:
+        if name != "resource":
+            return _argument(template, "effect", EffectKeyError, canonical_arguments, name)
+        if "resource" in canonical_arguments:
             raise EffectKeyError(
-                f"effect template {template!r}: placeholder {{{name}}} is {_describe(value)}; "
-                f"{_VALUE_RULE}, so pass one for {name} or fix the template"
+                f"effect template {template!r}: placeholder {{resource}} is ambiguous, the "
+                "call has an argument named 'resource' and {resource} names the action's "
+                "resource; rename the argument or the placeholder"
             )
-        out.append(text)
-    return "".join(out)
+        if resource is None:
+            raise EffectKeyError(
+                f"effect template {template!r}: placeholder {{resource}} names the action's "
+                "resource, but this action has none; give the action a resource template "
+                "or remove {resource}"
+            )
+        return resource
+
+    return _render(template, "effect", EffectKeyError, value_of)
 
 
 def render_resource(template: str, arguments: Mapping[str, Any]) -> str:
     """Render a resource template from the call's arguments; ``InvalidArgument`` if it cannot."""
+    return _render(
+        template,
+        "resource",
+        InvalidArgument,
+        lambda name: _argument(template, "resource", InvalidArgument, arguments, name),
+    )
+
+
+def _argument(
+    template: str, kind: str, error: type[Exception], arguments: Mapping[str, Any], name: str
+) -> Any:
+    if name not in arguments:
+        names = ", ".join(sorted(str(k) for k in arguments)) or "none"
+        raise error(
+            f"{kind} template {template!r}: placeholder {{{name}}} names no argument of "
+            f"this call (it has: {names}); pass {name} or fix the template"
+        )
+    return arguments[name]
+
+
+def _render(
+    template: str, kind: str, error: type[Exception], value_of: Callable[[str], Any]
+) -> str:
+    """Literal text plus each placeholder's value, rendered by the one value rule."""
     try:
         parts = parse_template(template)
     except TemplateSyntaxError as exc:
-        raise InvalidArgument(f"resource template {template!r} is invalid: {exc}") from None
+        raise error(f"{kind} template {template!r} is invalid: {exc}") from None
     out: list[str] = []
     for part in parts:
         if not isinstance(part, Placeholder):
             out.append(part)
             continue
-        name = part.name
-        if name not in arguments:
-            names = ", ".join(sorted(str(k) for k in arguments)) or "none"
-            raise InvalidArgument(
-                f"resource template {template!r}: placeholder {{{name}}} names no argument of "
-                f"this call (it has: {names}); pass {name} or fix the template"
-            )
-        value = arguments[name]
+        value = value_of(part.name)
         text = _render_value(value)
         if text is None:
-            raise InvalidArgument(
-                f"resource template {template!r}: placeholder {{{name}}} is {_describe(value)}; "
-                f"{_VALUE_RULE}, so pass one for {name} or fix the template"
+            raise error(
+                f"{kind} template {template!r}: placeholder {{{part.name}}} is {_describe(value)}; "
+                f"{_VALUE_RULE}, so pass one for {part.name} or fix the template"
             )
         out.append(text)
     return "".join(out)

@@ -15,7 +15,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, or_, select, update
+from sqlalchemy import Connection, Engine, event, or_, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from ..approvals import ApprovalRecord, ApprovalStatus
@@ -351,6 +351,7 @@ class SQLStateStore(StoreOps):
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime]) -> None:
         super().__init__(clock=clock)
         self.engine = engine
+        event.listen(engine, "begin", self._on_begin)
         self._statements = Statements(engine.dialect, _schema_of(engine))
         self._local = threading.local()
         self._connections: list[Connection] = []
@@ -358,6 +359,17 @@ class SQLStateStore(StoreOps):
         self._generation = 0
 
     # -- dialect hooks
+
+    def _open(self, migrate: bool) -> None:  # pragma: no cover - every dialect provides it
+        raise NotImplementedError
+
+    def _open_or_close(self, migrate: bool) -> None:
+        """Check (and, with ``migrate``, bring up to date) the schema; a refusal closes the store."""
+        try:
+            self._open(migrate)
+        except BaseException:
+            self.close()
+            raise
 
     def _on_begin(self, conn: Connection) -> None:
         if conn.info.get("ctrlrun_write"):

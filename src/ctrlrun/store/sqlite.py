@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
@@ -87,13 +87,8 @@ class SQLiteStateStore(SQLStateStore):
             mode = "rw"
         self._uri = f"{self._path.as_uri()}?mode={mode}"
         engine = create_engine("sqlite+pysqlite://", creator=self._connect, poolclass=NullPool)
-        event.listen(engine, "begin", self._on_begin)
         super().__init__(engine, clock=clock)
-        try:
-            self._open(migrate)
-        except BaseException:
-            self.close()
-            raise
+        self._open_or_close(migrate)
 
     @property
     def path(self) -> Path:
