@@ -49,16 +49,15 @@ STEPS = (
     ("ctrlrun/store/ops.py", "finish_attempt", "record: the finish transaction"),
     ("ctrlrun/_attempt.py", "event", "build the events (Attempt.event)"),
     ("ctrlrun/_attempt.py", "receipt", "build the receipt (Attempt.receipt)"),
-    ("ctrlrun/receipt.py", "chained", "hash the receipt into the chain (Receipt.chained)"),
-    ("ctrlrun/store/sqlite.py", "_on_begin", "SQL  BEGIN IMMEDIATE"),
-    ("ctrlrun/store/sql.py", "effect", "SQL  SELECT effect"),
-    ("ctrlrun/store/sql.py", "insert_effect", "SQL  INSERT effect ON CONFLICT DO NOTHING RETURNING"),
+    ("ctrlrun/receipt.py", "_placed", "hash the receipt into the chain (Receipt._placed)"),
+    ("ctrlrun/store/sql.py", "_on_begin", "SQL  BEGIN IMMEDIATE"),
+    ("ctrlrun/store/sql.py", "insert_effect", "SQL  INSERT effect (insert first)"),
+    ("ctrlrun/store/sql.py", "effect", "SQL  SELECT effect (only on a conflict)"),
     ("ctrlrun/store/sql.py", "update_effect", "SQL  UPDATE effect (compare-and-set)"),
-    ("ctrlrun/store/sql.py", "insert_event", "SQL  INSERT event RETURNING event_id"),
-    ("ctrlrun/store/sql.py", "has_receipt", "SQL  SELECT EXISTS receipt"),
+    ("ctrlrun/store/sql.py", "finish_effect", "SQL  UPDATE effect outcome (one compare-and-set)"),
+    ("ctrlrun/store/sql.py", "_insert_events", "SQL  INSERT events (one multi-row statement)"),
     ("ctrlrun/store/sql.py", "advance_head", "SQL  UPDATE chain head RETURNING"),
-    ("ctrlrun/store/sql.py", "insert_receipt", "SQL  INSERT receipt ON CONFLICT DO NOTHING RETURNING"),
-    ("ctrlrun/store/sql.py", "set_head_hash", "SQL  UPDATE chain head hash"),
+    ("ctrlrun/store/sql.py", "place_receipt", "SQL  INSERT receipt and set the head hash"),
 )
 
 
