@@ -344,12 +344,15 @@ def _error_text(error: Any) -> str | None:
     return None if error is None else storable_text(error)
 
 
+_ASCII_JSON = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+
+
 def storable_result(value: Any) -> Any:
     """The JSON value stored for an executor's result; an unencodable one becomes its ``repr``."""
-    if value is None:
-        return None
+    if value is None or type(value) in (str, int, bool):
+        return value  # the JSON round trip gives these back unchanged
     try:
-        return json.loads(json.dumps(value, ensure_ascii=True, allow_nan=False))
+        return json.loads(_ASCII_JSON.encode(value))
     except Exception:
         try:
             return storable_text(repr(value))

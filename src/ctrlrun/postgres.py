@@ -318,7 +318,7 @@ class PostgresStateStore(SQLStateStore):
 
         conn = self._conn()
         try:
-            transaction = self._begin_write(conn)
+            transaction = self._begin_locked(conn)
         except SQLAlchemyError as exc:
             raise self._driver_error(exc, "starting its migration") from None
         applied: dict[str, str] = {}

@@ -38,16 +38,21 @@ def _time(text: str | None) -> datetime | None:
     return None if text is None else parse_ts(text)
 
 
+_UTF8_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_ASCII_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def dumps(value: Any, what: str) -> str:
     """Compact JSON text for a column; escapes non-ASCII only when UTF-8 cannot carry it."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = _UTF8_JSON.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{what} is not JSON-encodable: {exc}") from None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = _ASCII_JSON.encode(value)
     return text
 
 
@@ -218,6 +223,29 @@ def event_from_row(row: Mapping[str, Any]) -> Event:
         data=json.loads(row["data_json"]),
         event_id=int(row["event_id"]),
     )
+
+
+_PLAIN = frozenset((str, int, bool, type(None)))
+
+
+def stored_event(event: Event, row: Mapping[str, Any], event_id: int) -> Event:
+    """``event`` as a store returns it once written as ``row`` under ``event_id``: what
+    ``event_from_row`` would read back, without decoding the row when the data is flat."""
+    data = event.data
+    if all(type(value) in _PLAIN for value in data.values()):
+        stored = object.__new__(Event)
+        for name, value in (
+            ("type", event.type),
+            ("ts", event.ts),
+            ("action_id", event.action_id),
+            ("effect_key", event.effect_key),
+            ("approval_id", event.approval_id),
+            ("data", dict(data)),
+            ("event_id", event_id),
+        ):
+            object.__setattr__(stored, name, value)
+        return stored
+    return event_from_row({**row, "event_id": event_id})
 
 
 def receipt_to_row(receipt: Receipt, document: dict[str, Any] | None = None) -> dict[str, Any]:

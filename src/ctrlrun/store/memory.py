@@ -139,11 +139,13 @@ class _MemoryTx:
     # events
     def insert_events(self, events: Sequence[Event]) -> tuple[Event, ...]:
         rows = [codec.event_to_row(event) for event in events]
-        for row in rows:
+        stored = []
+        for event, row in zip(events, rows):
             row["event_id"] = self._next_event
+            stored.append(codec.stored_event(event, row, self._next_event))
             self._next_event += 1
         self._events.extend(rows)
-        return tuple(codec.event_from_row(row) for row in rows)
+        return tuple(stored)
 
     def list_events(self) -> list[Event]:
         return [codec.event_from_row(r) for r in [*self._data.events, *self._events]]

@@ -1,10 +1,12 @@
 """The SQL store shared by dialects: SQLAlchemy Core, compare-and-set, a connection per thread.
 
 The statements of the hot path (an allowed call's *start* and *finish* transactions) are
-written out once per store as plain SQL for its dialect and run with ``exec_driver_sql``: no
-statement is built, coerced, cache-keyed or compiled per call, and SQLAlchemy still runs them
-(its events fire, its errors wrap the driver's, a lost connection is invalidated). The rest
-(approvals, listings) stays SQLAlchemy Core.
+written out once per store as plain SQL for its dialect. A write transaction sends them, with
+its ``BEGIN`` and ``COMMIT``, straight to the driver's cursor on the SQLAlchemy connection, unless
+something observes the engine (a statement, commit or rollback listener, or ``echo``): then they
+go through SQLAlchemy (``exec_driver_sql``) so every observer sees them. Either way the driver's
+errors read the same and a lost connection is invalidated. The rest (approvals, listings) stays
+SQLAlchemy Core.
 """
 
 from __future__ import annotations
@@ -151,13 +153,18 @@ def _schema_of(engine: Engine) -> str | None:
 
 
 class SQLTx:
-    """The row operations over one SQLAlchemy connection inside the caller's transaction."""
+    """The row operations over one SQLAlchemy connection inside the caller's transaction.
 
-    def __init__(self, conn: Connection, statements: Statements) -> None:
+    ``cursor`` (the driver's, inside a transaction begun on the driver) runs the hot statements
+    directly; without one they go through ``exec_driver_sql``. Both answer ``rowcount``,
+    ``fetchone`` and ``fetchall``.
+    """
+
+    def __init__(self, conn: Connection, statements: Statements, cursor: Any = None) -> None:
         self.conn = conn
         self.sql = statements
         self._insert = statements.insert
-        self._run = conn.exec_driver_sql
+        self._run = conn.exec_driver_sql if cursor is None else _direct(cursor)
 
     def _insert_new(self, table: Any, key: str, row: dict[str, Any]) -> bool:
         # RETURNING, not rowcount: drivers need not report an INSERT's row count (psycopg's
@@ -172,7 +179,7 @@ class SQLTx:
 
     # effects
     def effect(self, effect_key: str) -> EffectRecord | None:
-        row = self._run(self.sql.effect, (effect_key,)).first()
+        row = self._run(self.sql.effect, (effect_key,)).fetchone()
         return None if row is None else codec.effect_from_row(dict(zip(_EFFECT_COLUMNS, row)))
 
     def insert_effect(self, record: EffectRecord) -> bool:
@@ -284,15 +291,13 @@ class SQLTx:
             chunk = rows[start : start + _EVENTS_PER_STATEMENT]
             values = [v for row in chunk for v in _event_values(row)]
             statement = self.sql.insert_events(len(chunk), advance_head=advance_head)
-            returned = self._run(statement, tuple(values)).all()
+            returned = self._run(statement, tuple(values)).fetchall()
             if advance_head:
                 moved = [r for r in returned if r[0] == 1]
                 head = (int(moved[0][1]), moved[0][2]) if moved else None
                 returned = [r[1:] for r in returned if r[0] == 0]
             ids += _match_ids(chunk, returned)
-        stored = tuple(
-            codec.event_from_row({**row, "event_id": event_id}) for row, event_id in zip(rows, ids)
-        )
+        stored = tuple(map(codec.stored_event, batch, rows, ids))
         return stored, head
 
     def list_events(self) -> list[Event]:
@@ -301,7 +306,8 @@ class SQLTx:
 
     # receipts and the chain head
     def advance_head(self) -> tuple[int, str] | None:
-        row = self._run(self.sql.advance_head).first()
+        rows = self._run(self.sql.advance_head).fetchall()
+        row = rows[0] if rows else None
         return None if row is None else (int(row[0]), row[1])
 
     def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
@@ -323,6 +329,20 @@ class SQLTx:
         return None if row is None else (int(row[0]), row[1])
 
 
+def _direct(cursor: Any) -> Callable[..., Any]:
+    """``exec_driver_sql``'s shape over a bare driver cursor."""
+    execute = cursor.execute
+
+    def run(statement: str, parameters: Sequence[Any] | None = None) -> Any:
+        if parameters is None:
+            execute(statement)
+        else:
+            execute(statement, parameters)
+        return cursor
+
+    return run
+
+
 def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]:
     """The id the database gave each row, by content: the order of RETURNING rows is not
     guaranteed (SQLite says so). Rows equal in every column are interchangeable; they take
@@ -336,6 +356,24 @@ def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]
         return [by_content[_event_values(row)].pop() for row in rows]
     except (KeyError, IndexError):
         raise CTRLRunError("the store returned event rows that differ from those written") from None
+
+
+class _DirectWrite:
+    """A write transaction begun and ended on the driver connection, under SQLAlchemy's."""
+
+    def __init__(self, dbapi: Any, begin: str) -> None:
+        self.dbapi = dbapi
+        self.cursor = dbapi.cursor()
+        self.cursor.execute(begin)
+        self.is_active = True
+
+    def commit(self) -> None:
+        self.dbapi.commit()
+        self.is_active = False
+
+    def rollback(self) -> None:
+        self.is_active = False
+        self.dbapi.rollback()
 
 
 class SQLStateStore(StoreOps):
@@ -353,6 +391,8 @@ class SQLStateStore(StoreOps):
         self.engine = engine
         event.listen(engine, "begin", self._on_begin)
         self._statements = Statements(engine.dialect, _schema_of(engine))
+        self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
+        self._errors: tuple[type[BaseException], ...] = (SQLAlchemyError, self._dbapi_error)
         self._local = threading.local()
         self._connections: list[Connection] = []
         self._connections_lock = threading.Lock()
@@ -375,13 +415,43 @@ class SQLStateStore(StoreOps):
         if conn.info.get("ctrlrun_write"):
             conn.exec_driver_sql(self.BEGIN_WRITE)
 
-    def _begin_write(self, conn: Connection) -> Any:
-        """Open a write transaction with ``BEGIN_WRITE`` (driver transactions are off)."""
+    def _begin_locked(self, conn: Connection) -> Any:
+        """A SQLAlchemy transaction opened with ``BEGIN_WRITE`` (driver transactions are off)."""
         conn.info["ctrlrun_write"] = True
         try:
             return conn.begin()
         finally:
             conn.info["ctrlrun_write"] = False
+
+    def _observed(self) -> bool:
+        """Whether anything watches the engine's statements or transactions (or echoes them)."""
+        d = self.engine.dispatch
+        return bool(
+            self.engine.echo
+            or d.before_cursor_execute
+            or d.after_cursor_execute
+            or d.before_execute
+            or d.after_execute
+            or d.commit
+            or d.rollback
+        )
+
+    def _begin_write(self, conn: Connection) -> Any:
+        """Open the transaction of one write: on the driver itself, or through SQLAlchemy when
+        the engine is observed. It has ``commit``, ``rollback`` and, when direct, ``cursor``."""
+        if self._observed():
+            return self._begin_locked(conn)
+        return _DirectWrite(conn.connection.driver_connection, self.BEGIN_WRITE)
+
+    def _lost(self, conn: Connection, exc: BaseException) -> None:
+        """Invalidate ``conn`` when a driver error says the connection is gone (SQLAlchemy does
+        this itself for the errors it wraps)."""
+        if isinstance(exc, self._dbapi_error) and not isinstance(exc, SQLAlchemyError):
+            try:
+                if self.engine.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None):
+                    conn.invalidate(exc)
+            except Exception:  # judging it is best effort; the next write reconnects anyway
+                pass
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         return CTRLRunError(f"the store failed while {doing}: {exc}")
@@ -438,16 +508,20 @@ class SQLStateStore(StoreOps):
     def _write(self, operation: Callable[[Tx, datetime], T]) -> T:
         conn = self._conn()
         self._count()
+        errors = self._errors
         try:
             transaction = self._begin_write(conn)
-        except SQLAlchemyError as exc:
+        except errors as exc:
+            self._lost(conn, exc)
             raise self._driver_error(exc, "starting a write") from None
         kept: CTRLRunError | None = None
+        tx = SQLTx(conn, self._statements, getattr(transaction, "cursor", None))
         try:
-            result = operation(SQLTx(conn, self._statements), self._now())
+            result = operation(tx, self._now())
         except KeptWrite as exc:
             kept = exc.error
-        except SQLAlchemyError as exc:
+        except errors as exc:
+            self._lost(conn, exc)
             self._rollback(transaction)
             raise self._driver_error(exc, "writing") from None
         except BaseException:
@@ -455,7 +529,8 @@ class SQLStateStore(StoreOps):
             raise
         try:
             transaction.commit()
-        except (SQLAlchemyError, OSError) as exc:
+        except (*errors, OSError) as exc:
+            self._lost(conn, exc)
             self._rollback(transaction)
             raise self._commit_error(exc) from None
         if kept is not None:

@@ -186,7 +186,7 @@ class SQLiteStateStore(SQLStateStore):
     def _migrate(self) -> None:
         conn = self._conn()
         try:
-            transaction = self._begin_write(conn)
+            transaction = self._begin_locked(conn)
         except SQLAlchemyError as exc:
             raise self._driver_error(exc, "locking it to migrate") from None
         applied: dict[str, str] = {}
