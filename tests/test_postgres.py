@@ -432,6 +432,8 @@ class FaultyCommit:
     def __init__(self, store, conn, how: str, url: str) -> None:
         self.transaction = PostgresStateStore._begin_write(store, conn)
         self.conn, self.how, self.url = conn, how, url
+        if hasattr(self.transaction, "run"):  # a transaction on the driver: its statements too
+            self.run = self.transaction.run
 
     @property
     def is_active(self) -> bool:

@@ -335,6 +335,8 @@ def test_lost_commit_is_ambiguous_write(db, clock, monkeypatch):
     class LostCommit:
         def __init__(self, transaction):
             self.transaction = transaction
+            if hasattr(transaction, "run"):  # a transaction on the driver: its statements too
+                self.run = transaction.run
 
         def commit(self):
             self.rollback()

@@ -44,7 +44,13 @@ class Attempt:
 
     def event(self, type_: EventType, *, approval_id: str | None = None, **data: Any) -> Event:
         """Queue an event; it is written with this attempt's next store write."""
-        event = Event(
+        event = self.new_event(type_, approval_id=approval_id, **data)
+        self.pending.append(event)
+        return event
+
+    def new_event(self, type_: EventType, *, approval_id: str | None = None, **data: Any) -> Event:
+        """An event of this attempt, not queued (the caller writes it)."""
+        return Event(
             type=type_,
             ts=self.now(),
             action_id=self.action.action_id,
@@ -52,8 +58,6 @@ class Attempt:
             approval_id=approval_id or self.approval_id,
             data=data,
         )
-        self.pending.append(event)
-        return event
 
     def spent(self, approval: Any) -> None:
         """Note the approval this attempt consumed: who answered it, and any edit they made."""

@@ -352,17 +352,17 @@ class Control:
         reconciled = False
         while True:
             def started(approval, reservation):
-                events = attempt.take()
+                # the start's events; the store may ask again if it has to plan the start anew
+                events = list(attempt.pending)
                 if approval is not None:
                     attempt.spent(approval)
-                    events.append(attempt.event(EventType.APPROVAL_CONSUMED, approver=approval.approver))
+                    events.append(attempt.new_event(EventType.APPROVAL_CONSUMED, approver=approval.approver))
                 if reservation is not None:
                     attempt.attempt = reservation.attempt
-                    events.append(attempt.event(
+                    events.append(attempt.new_event(
                         EventType.EFFECT_RESERVED, attempt=reservation.attempt,
                         lease_expires_at=format_ts(reservation.lease_expires_at)))  # fmt: skip
-                events.append(attempt.event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
-                attempt.pending.clear()
+                events.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
                 return events
 
             try:
@@ -395,6 +395,7 @@ class Control:
                         continue  # resolved: reserve again (renewal, or a committed duplicate)
                 yield from self._refuse_reservation(attempt, refusal, state=None)
                 raise
+            attempt.pending.clear()  # written by the start
             fan_out(self._sinks, stored, None)
             return reservation
 

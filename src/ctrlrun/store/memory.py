@@ -13,7 +13,7 @@ from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
-from .ops import KeptWrite, StoreOps, Tx
+from .ops import KeptWrite, StoreOps, Tx, TxSteps
 
 __all__ = ["InMemoryStateStore"]
 
@@ -31,7 +31,7 @@ class _Data:
     next_event_id: int = 1
 
 
-class _MemoryTx:
+class _MemoryTx(TxSteps):
     """Row operations over the store's dicts; writes stay in an overlay until ``commit``."""
 
     def __init__(self, data: _Data) -> None:

@@ -45,7 +45,7 @@ from ..errors import (
 )
 from ..receipt import Event, Receipt, UnreadableReceipt
 
-__all__ = ["KeptWrite", "StoreOps", "Tx"]
+__all__ = ["KeptWrite", "StoreOps", "Tx", "TxSteps"]
 
 T = TypeVar("T")
 EventsFn = Callable[[Approval | None, Reservation | None], Sequence[Event]]
@@ -103,6 +103,35 @@ class Tx(Protocol):
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]: ...
     def head(self) -> tuple[int, str] | None: ...
+    def reserve_new(self, record: EffectRecord, events: Sequence[Event]) -> tuple[Event, ...] | None:
+        """``insert_effect(record)`` and, only if it inserted, ``insert_events(events)``: the
+        stored events, or ``None`` (nothing written) when the key has a record."""
+        ...
+
+    def finish_and_advance(
+        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
+    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
+        """``finish_effect(expected, record)`` and ``insert_events_and_advance_head(events)``,
+        whether or not the first matched: its answer, the stored events and the new head."""
+        ...
+
+
+class TxSteps:
+    """The combined row operations written with the simple ones; a backend that can do one in
+    a single statement overrides it."""
+
+    def reserve_new(self, record: EffectRecord, events: Sequence[Event]) -> tuple[Event, ...] | None:
+        tx: Any = self
+        if not tx.insert_effect(record):
+            return None
+        return tx.insert_events(events) if events else ()
+
+    def finish_and_advance(
+        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
+    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
+        tx: Any = self
+        finished = tx.finish_effect(expected, record)
+        return (finished, *tx.insert_events_and_advance_head(events))
 
 
 # --------------------------------------------------------------------------- shared steps
@@ -159,36 +188,59 @@ def _transition(
     raise DuplicateEffect(state="in_progress", effect_key=effect_key)
 
 
-def _finish(
-    tx: Tx, effect_key: str, action_id: str, decide: Callable[[EffectRecord | None], EffectRecord],
+def _finishing(
+    effect_key: str, action_id: str, decide: Callable[[EffectRecord | None], EffectRecord],
     now: datetime,
-) -> None:
-    """``_transition`` for an attempt finishing the record its *start* left ``executing``.
+) -> tuple[EffectRecord, EffectRecord | None]:
+    """The outcome of an attempt finishing the record its *start* left ``executing``, decided
+    without reading it: the record as the caller knows it, and what to write (``None``: the
+    record must be read and decided by ``_transition``).
 
     The finishing rules (``check_commit``/``check_fail``/``check_mark_ambiguous``) accept a
     record by its action id and state alone and change only its state, ``updated_at``, lease,
     result and error. So the outcome is decided on the record as the caller knows it (key,
     action id, ``executing``, no result or error yet) and written by one compare-and-set on
-    exactly those values, keeping every other column as stored. Only when no row matches is the
-    record read: the refusal (or the move from whatever state it is really in) is then decided
-    on the stored record, as ``_transition`` does. A rule that changed anything else would be
-    caught below and decided by ``_transition`` too.
+    exactly those values (``finish_effect``), keeping every other column as stored. Only when no
+    row matches is the record read: the refusal (or the move from whatever state it is really
+    in) is then decided on the stored record, as ``_transition`` does.
     """
     known = EffectRecord(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
     try:
         updated: EffectRecord | None = decide(known)
-    except Exception:  # refused, or unwritable: decided again on the stored record below
-        updated = None
+    except Exception:  # refused, or unwritable: decided again on the stored record
+        return known, None
     # the rules change only state, updated_at, lease, result and error (what finish_effect
     # writes): anything else and the general path decides
     if (
-        updated is None
-        or (updated.effect_key, updated.action_id, updated.attempt, updated.created_at)
+        (updated.effect_key, updated.action_id, updated.attempt, updated.created_at)
         != (effect_key, action_id, 1, now)
         or updated.resolved_by is not None
-        or not tx.finish_effect(known, updated)
     ):
+        return known, None
+    return known, updated
+
+
+def _finish_and_record(
+    tx: Tx,
+    effect_key: str,
+    action_id: str,
+    decide: Callable[[EffectRecord | None], EffectRecord],
+    now: datetime,
+    events: Sequence[Event],
+    receipt: Receipt | None,
+) -> tuple[tuple[Event, ...], Receipt | None]:
+    """The outcome written by compare-and-set (``_transition`` if it does not match), then the
+    events and the receipt; with a receipt, the first three go in one step."""
+    known, updated = _finishing(effect_key, action_id, decide, now)
+    if updated is not None and receipt is not None:
+        _check_receipt(receipt)
+        finished, stored, head = tx.finish_and_advance(known, updated, events)
+        if not finished:
+            _transition(tx, effect_key, decide)
+        return stored, _place_receipt(tx, receipt, head)
+    if updated is None or not tx.finish_effect(known, updated):
         _transition(tx, effect_key, decide)
+    return _record(tx, events, receipt)
 
 
 def _consumable(
@@ -238,13 +290,23 @@ def _start(
     if approval_id is not None:
         record = _consumable(tx, approval_id, action_hash or "", now, action_id)
         approval = record.as_approval()
+    inserted_first = effect_key is not None and approval_id is None and events is not None
+    if inserted_first:
+        # The allow path: a new key is the common case, so the fresh record and the start's
+        # events are written outright; only a taken key plans from what is there.
+        plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
+        assert plan.kind == "insert" and plan.write is not None
+        stored = tx.reserve_new(plan.write, events(None, plan.reservation))
+        if stored is not None:
+            return None, plan.reservation, stored
     if effect_key is not None:
         try:
             # With an approval the key is read first (as before), so a race on the key is
             # decided after the approval's refusal can be checked; the allow path inserts.
             reservation = _reserve(
-                tx, effect_key, action_id, lease, now, state, insert_first=approval_id is None
-            )
+                tx, effect_key, action_id, lease, now, state,
+                insert_first=approval_id is None and not inserted_first,
+            )  # fmt: skip
         except (DuplicateEffect, AmbiguousEffect):
             if approval_id is not None:
                 # Under READ COMMITTED another presenter may have consumed the approval while
@@ -587,10 +649,11 @@ class StoreOps:
         events = tuple(events)
 
         def finish(tx: Tx, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:
-            if target is not None:
-                assert effect_key is not None
-                _finish(tx, effect_key, action_id, lambda r: checks[target](r, now), now)
-            return _record(tx, events, receipt)
+            if target is None:
+                return _record(tx, events, receipt)
+            assert effect_key is not None
+            decide = lambda r: checks[target](r, now)  # noqa: E731
+            return _finish_and_record(tx, effect_key, action_id, decide, now, events, receipt)
 
         return self._write(finish)
 

@@ -25,10 +25,10 @@ from ..effect import EffectRecord, EffectState
 from ..errors import AmbiguousWrite, CTRLRunError
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
-from .ops import KeptWrite, StoreOps, Tx
+from .ops import KeptWrite, StoreOps, Tx, TxSteps
 from .schema import approvals, effects, events, receipt_chain, receipts
 
-__all__ = ["SQLStateStore", "SQLTx", "Statements"]
+__all__ = ["DirectWrite", "SQLStateStore", "SQLTx", "Statements"]
 
 T = TypeVar("T")
 
@@ -78,17 +78,23 @@ class Statements:
             + ", ".join(f"{c} = ?" for c in _EFFECT_COLUMNS[1:])
             + " WHERE effect_key = ? AND state = ? AND action_id = ? AND attempt = ?"
         )
-        self.finish_effect = sql(
+        finish_effect = (
             "UPDATE {p}effects SET state = ?, updated_at = ?, lease_expires_at = ?, "
             "result_json = ?, error = ? WHERE effect_key = ? AND action_id = ? AND state = ? "
             "AND result_json IS NULL AND error IS NULL"
+        )
+        self.finish_effect = sql(finish_effect)
+        self._finish_effect = finish_effect
+        self._insert_effect = (
+            f"INSERT INTO {{p}}effects ({effect_list}) VALUES ({_marks(len(_EFFECT_COLUMNS))}) "
+            "ON CONFLICT (effect_key) DO NOTHING"
         )
         self._insert_events = (
             f"INSERT INTO {{p}}events ({', '.join(_EVENT_COLUMNS)}) VALUES ",
             f"({_marks(len(_EVENT_COLUMNS))})",
             f" RETURNING event_id, {', '.join(_EVENT_COLUMNS)}",
         )
-        self._events_sql: dict[tuple[int, bool], str] = {}
+        self._events_sql: dict[tuple[Any, ...], str] = {}
         self.advance_head = sql(
             "UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash"
         )
@@ -142,6 +148,54 @@ class Statements:
         return statement
 
 
+    def reserve_new(self, rows: int) -> str:
+        """Postgres: the effect inserted and, only if it was, ``rows`` events, in one statement.
+
+        Returns a row ``(1, NULL…)`` when the effect was inserted and ``(0, event_id, columns…)``
+        per event.
+        """
+        return self._combined(("reserve", rows))
+
+    def finish_and_advance(self, rows: int) -> str:
+        """Postgres: the outcome's compare-and-set, ``rows`` events and the chain head moved, in
+        one statement. Returns ``(0, event_id, columns…)`` per event, ``(1, seq, hash, NULL…)``
+        for the head and ``(2, NULL…)`` when the compare-and-set matched."""
+        return self._combined(("finish", rows))
+
+    def _combined(self, key: tuple[str, int]) -> str:
+        statement = self._events_sql.get(key)
+        if statement is not None:
+            return statement
+        assert self.combines
+        kind, rows = key
+        columns = ", ".join(_EVENT_COLUMNS)
+        nulls = ", ".join(["NULL"] * (len(_EVENT_COLUMNS) - 1))
+        values = ", ".join([f"({_marks(len(_EVENT_COLUMNS))})"] * rows)
+        returning = f"RETURNING event_id, {columns}"
+        if kind == "reserve":
+            text = (
+                f"WITH reserved AS ({self._insert_effect} RETURNING 1), "
+                f"added AS (INSERT INTO {{p}}events ({columns}) SELECT * FROM (VALUES {values}) "
+                f"AS v ({columns}) WHERE EXISTS (SELECT 1 FROM reserved) {returning}) "
+                f"SELECT 0, event_id, {columns} FROM added "
+                f"UNION ALL SELECT 1, NULL, NULL, {nulls} FROM reserved"
+            )
+        else:
+            text = (
+                f"WITH finished AS ({self._finish_effect} RETURNING 1), "
+                f"added AS (INSERT INTO {{p}}events ({columns}) VALUES {values} {returning}), "
+                "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
+                "RETURNING seq, hash) "
+                f"SELECT 0, event_id, {columns} FROM added "
+                f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved "
+                f"UNION ALL SELECT 2, NULL, NULL, {nulls} FROM finished"
+            )
+        statement = self._sql(text)
+        if rows <= 16:
+            self._events_sql[key] = statement
+        return statement
+
+
 def _marks(n: int) -> str:
     return ", ".join(["?"] * n)
 
@@ -152,19 +206,21 @@ def _schema_of(engine: Engine) -> str | None:
     return translate.get(None)
 
 
-class SQLTx:
+class SQLTx(TxSteps):
     """The row operations over one SQLAlchemy connection inside the caller's transaction.
 
-    ``cursor`` (the driver's, inside a transaction begun on the driver) runs the hot statements
-    directly; without one they go through ``exec_driver_sql``. Both answer ``rowcount``,
-    ``fetchone`` and ``fetchall``.
+    ``run`` (a transaction begun on the driver: ``DirectWrite.run``) sends the hot statements
+    straight to the driver; without it they go through ``exec_driver_sql``. Both answer with
+    something that has ``rowcount``, ``fetchone`` and ``fetchall``.
     """
 
-    def __init__(self, conn: Connection, statements: Statements, cursor: Any = None) -> None:
+    def __init__(
+        self, conn: Connection, statements: Statements, run: Callable[..., Any] | None = None
+    ) -> None:
         self.conn = conn
         self.sql = statements
         self._insert = statements.insert
-        self._run = conn.exec_driver_sql if cursor is None else _direct(cursor)
+        self._run = conn.exec_driver_sql if run is None else run
 
     def _insert_new(self, table: Any, key: str, row: dict[str, Any]) -> bool:
         # RETURNING, not rowcount: drivers need not report an INSERT's row count (psycopg's
@@ -199,8 +255,13 @@ class SQLTx:
         return self._run(self.sql.update_effect, values).rowcount == 1
 
     def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
+        values = self._finish_values(expected, record)
+        return self._run(self.sql.finish_effect, values).rowcount == 1
+
+    @staticmethod
+    def _finish_values(expected: EffectRecord, record: EffectRecord) -> tuple[Any, ...]:
         row = codec.effect_to_row(record)
-        values = (
+        return (
             row["state"],
             row["updated_at"],
             row["lease_expires_at"],
@@ -210,7 +271,6 @@ class SQLTx:
             expected.action_id,
             expected.state.value,
         )
-        return self._run(self.sql.finish_effect, values).rowcount == 1
 
     def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
         query = select(effects).order_by(effects.c.created_at, effects.c.effect_key)
@@ -300,6 +360,31 @@ class SQLTx:
         stored = tuple(map(codec.stored_event, batch, rows, ids))
         return stored, head
 
+    def reserve_new(self, record: EffectRecord, events: Sequence[Event]) -> tuple[Event, ...] | None:
+        if not self.sql.combines or not events or len(events) > _EVENTS_PER_STATEMENT:
+            return super().reserve_new(record, events)
+        rows = [codec.event_to_row(event) for event in events]
+        values = _effect_values(codec.effect_to_row(record)) + _flat_events(rows)
+        returned = self._run(self.sql.reserve_new(len(rows)), values).fetchall()
+        if not any(r[0] == 1 for r in returned):
+            return None  # the key has a record: nothing was written
+        ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
+        return tuple(map(codec.stored_event, events, rows, ids))
+
+    def finish_and_advance(
+        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
+    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
+        if not self.sql.combines or not events or len(events) > _EVENTS_PER_STATEMENT:
+            return super().finish_and_advance(expected, record, events)
+        rows = [codec.event_to_row(event) for event in events]
+        values = self._finish_values(expected, record) + _flat_events(rows)
+        returned = self._run(self.sql.finish_and_advance(len(rows)), values).fetchall()
+        moved = [r for r in returned if r[0] == 1]
+        head = (int(moved[0][1]), moved[0][2]) if moved else None
+        ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
+        finished = any(r[0] == 2 for r in returned)
+        return finished, tuple(map(codec.stored_event, events, rows, ids)), head
+
     def list_events(self) -> list[Event]:
         query = select(events).order_by(events.c.event_id)
         return [codec.event_from_row(r) for r in self.conn.execute(query).mappings()]
@@ -329,18 +414,8 @@ class SQLTx:
         return None if row is None else (int(row[0]), row[1])
 
 
-def _direct(cursor: Any) -> Callable[..., Any]:
-    """``exec_driver_sql``'s shape over a bare driver cursor."""
-    execute = cursor.execute
-
-    def run(statement: str, parameters: Sequence[Any] | None = None) -> Any:
-        if parameters is None:
-            execute(statement)
-        else:
-            execute(statement, parameters)
-        return cursor
-
-    return run
+def _flat_events(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
+    return tuple(v for row in rows for v in _event_values(row))
 
 
 def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]:
@@ -358,14 +433,36 @@ def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]
         raise CTRLRunError("the store returned event rows that differ from those written") from None
 
 
-class _DirectWrite:
-    """A write transaction begun and ended on the driver connection, under SQLAlchemy's."""
+class DirectWrite:
+    """A write transaction begun and ended on the driver connection, under SQLAlchemy's.
 
-    def __init__(self, dbapi: Any, begin: str) -> None:
+    ``run`` has ``exec_driver_sql``'s shape and answers with the cursor. With ``deferred``, the
+    ``BEGIN`` is not sent alone but in front of the first statement, in the same message (the
+    cursor must accept several statements: psycopg's client-side binding cursor), so a
+    transaction costs one round trip less.
+    """
+
+    def __init__(self, dbapi: Any, cursor: Any, begin: str, *, deferred: bool = False) -> None:
         self.dbapi = dbapi
-        self.cursor = dbapi.cursor()
-        self.cursor.execute(begin)
+        self.cursor = cursor
         self.is_active = True
+        self._begin: str | None = begin
+        if not deferred:
+            cursor.execute(begin)
+            self._begin = None
+
+    def run(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
+        cursor = self.cursor
+        if self._begin is not None:
+            statement, self._begin = f"{self._begin}; {statement}", None
+            cursor.execute(statement, parameters)
+            cursor.nextset()  # past BEGIN's result, to the statement's
+            return cursor
+        if parameters is None:
+            cursor.execute(statement)
+        else:
+            cursor.execute(statement, parameters)
+        return cursor
 
     def commit(self) -> None:
         self.dbapi.commit()
@@ -438,10 +535,14 @@ class SQLStateStore(StoreOps):
 
     def _begin_write(self, conn: Connection) -> Any:
         """Open the transaction of one write: on the driver itself, or through SQLAlchemy when
-        the engine is observed. It has ``commit``, ``rollback`` and, when direct, ``cursor``."""
+        the engine is observed. It has ``commit``, ``rollback`` and, when direct, ``run``."""
         if self._observed():
             return self._begin_locked(conn)
-        return _DirectWrite(conn.connection.driver_connection, self.BEGIN_WRITE)
+        return self._direct_write(conn.connection.driver_connection)
+
+    def _direct_write(self, dbapi: Any) -> DirectWrite:
+        """A transaction on the driver connection, ``BEGIN_WRITE`` sent at once."""
+        return DirectWrite(dbapi, dbapi.cursor(), self.BEGIN_WRITE)
 
     def _lost(self, conn: Connection, exc: BaseException) -> None:
         """Invalidate ``conn`` when a driver error says the connection is gone (SQLAlchemy does
@@ -515,7 +616,7 @@ class SQLStateStore(StoreOps):
             self._lost(conn, exc)
             raise self._driver_error(exc, "starting a write") from None
         kept: CTRLRunError | None = None
-        tx = SQLTx(conn, self._statements, getattr(transaction, "cursor", None))
+        tx = SQLTx(conn, self._statements, getattr(transaction, "run", None))
         try:
             result = operation(tx, self._now())
         except KeptWrite as exc:
