@@ -29,11 +29,12 @@ from ctrlrun.errors import (
     SchemaMismatch,
 )
 from ctrlrun.postgres import PostgresStateStore, clock_skew, split_store_url
+from ctrlrun.receipt import verify_chain
 from ctrlrun.store import open_store_url
 from ctrlrun.store.schema import MIGRATIONS
 
 from .conftest import create_pg_schema, drop_pg_schema
-from .test_store_conformance import granted_request, make_action, make_receipt
+from .test_store_conformance import granted_request, make_action, make_event, make_receipt
 from .vectors import ROOT
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -538,6 +539,122 @@ def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, 
         assert info.value.state == "in_progress"
         assert calls == []
         assert refund(payment_id="txn_2", amount=100) == "ok" and calls == ["txn_2"]
+
+
+# --------------------------------------------------------------------------- BEGIN and COMMIT sent with statements
+
+
+def spy_messages(monkeypatch, store, fault=None) -> list[str]:
+    """Record every message the store's direct write transactions send; ``fault(cursor, message,
+    params)`` may stand in for sending one on the real cursor."""
+    messages: list[str] = []
+    real = store._direct_write
+
+    def direct(dbapi):
+        transaction = real(dbapi)
+        cursor = transaction.cursor
+
+        class Spy:
+            def __getattr__(self, name):
+                return getattr(cursor, name)
+
+            def execute(self, query, params=None):
+                messages.append(query)
+                if fault is not None:
+                    return fault(cursor, query, params)
+                return cursor.execute(query, params)
+
+        transaction.cursor = Spy()
+        return transaction
+
+    monkeypatch.setattr(store, "_direct_write", direct)
+    return messages
+
+
+@needs_server
+def test_allowed_call_is_three_messages(pg, clock, monkeypatch):
+    """Unobserved, BEGIN goes with the first statement and COMMIT with the last: the start is one
+    message, the finish two (the receipt's hash needs the head the first one moves)."""
+    control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
+
+    @protect("stripe.refund", control=control)
+    def refund(payment_id: str, amount: int) -> str:
+        return "ok"
+
+    with context(agent="agent-1"):
+        refund(payment_id="warm", amount=100)
+        messages = spy_messages(monkeypatch, pg)
+        before = pg.transactions
+        assert refund(payment_id="txn_1", amount=100) == "ok"
+    assert pg.transactions - before == 2
+    assert [(m.split(" AS ")[0], m.endswith("; COMMIT")) for m in messages] == [
+        ("BEGIN; WITH reserved", True),
+        ("BEGIN; WITH finished", False),
+        ("WITH placed", True),
+    ]
+    assert pg.get_effect("refund:txn_1").state is EffectState.COMMITTED
+    assert verify_chain(pg).ok
+
+
+@needs_server
+def test_start_on_a_taken_key_goes_on_in_a_new_transaction(pg, monkeypatch):
+    """The combined insert finds the key taken, writes nothing and commits; the refusal is then
+    decided from the stored record, in a transaction of its own."""
+    pg.start_attempt(action_id="a1", effect_key="k", lease=timedelta(minutes=5))
+    messages = spy_messages(monkeypatch, pg)
+    with pytest.raises(DuplicateEffect):
+        pg.start_attempt(
+            action_id="a2", effect_key="k", lease=timedelta(minutes=5),
+            events=lambda approval, reservation: [make_event()],
+        )  # fmt: skip
+    assert messages[0].startswith("BEGIN; WITH reserved") and messages[0].endswith("; COMMIT")
+    assert messages[1].startswith("BEGIN; SELECT")
+    assert pg.get_effect("k").action_id == "a1" and pg.events() == ()
+
+
+@needs_server
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_lost_reply_to_a_message_carrying_commit_is_ambiguous(pg, monkeypatch, when):
+    import psycopg
+
+    def lose(cursor, message, params):
+        if message.endswith("; COMMIT"):
+            if when == "after":
+                cursor.execute(message, params)  # carried out; only the answer is lost
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return cursor.execute(message, params)
+
+    spy_messages(monkeypatch, pg, lose)
+    with pytest.raises(AmbiguousWrite, match="outcome is unknown"):
+        pg.start_attempt(
+            action_id="a1", effect_key="k", lease=timedelta(minutes=5),
+            events=lambda approval, reservation: [make_event()],
+        )  # fmt: skip
+    monkeypatch.undo()
+    record = pg.get_effect("k")
+    if when == "after":
+        assert record.state is EffectState.EXECUTING and len(pg.events()) == 1
+    else:
+        assert record is None and pg.events() == ()
+
+
+@needs_server
+def test_statement_failing_before_the_commit_it_carries_is_not_ambiguous(pg, monkeypatch):
+    def fail(cursor, message, params):
+        if message.startswith("BEGIN; WITH reserved"):  # the statement fails, COMMIT never runs
+            return cursor.execute("BEGIN; SELECT 1/0; COMMIT")
+        return cursor.execute(message, params)
+
+    spy_messages(monkeypatch, pg, fail)
+    with pytest.raises(CTRLRunError, match="while writing") as info:
+        pg.start_attempt(
+            action_id="a1", effect_key="k", lease=timedelta(minutes=5),
+            events=lambda approval, reservation: [make_event()],
+        )  # fmt: skip
+    assert not isinstance(info.value, AmbiguousWrite)
+    monkeypatch.undo()
+    assert pg.get_effect("k") is None
+    assert pg.start_attempt(action_id="a2", effect_key="k", lease=timedelta(minutes=5))[1]
 
 
 # --------------------------------------------------------------------------- the default Control

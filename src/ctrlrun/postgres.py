@@ -201,8 +201,15 @@ class PostgresStateStore(SQLStateStore):
         )
 
     def _direct_write(self, dbapi: Any) -> Any:
-        # client-side binding: BEGIN travels with the first statement (one round trip less)
-        return DirectWrite(dbapi, self._psycopg.ClientCursor(dbapi), self.BEGIN_WRITE, deferred=True)
+        # client-side binding, so BEGIN and COMMIT travel with statements (one message each)
+        cursor = self._psycopg.ClientCursor(dbapi)
+        unique = self._psycopg.errors.UniqueViolation
+        return DirectWrite(dbapi, cursor, self.BEGIN_WRITE, fused=True, unique_error=unique)
+
+    def _failed_first(self, transaction: Any) -> bool:
+        # a statement failed and the COMMIT after it in the message never ran
+        status = transaction.dbapi.info.transaction_status
+        return status == self._psycopg.pq.TransactionStatus.INERROR
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         state = _sqlstate(exc) or ""

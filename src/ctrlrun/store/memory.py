@@ -164,7 +164,9 @@ class _MemoryTx(TxSteps):
         self._head = (seq + 1, previous)
         return stored, self._head
 
-    def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
+    def place_receipt(
+        self, receipt: Receipt, document: dict[str, Any], *, last: bool = False
+    ) -> bool:
         if self._has_receipt(receipt.receipt_id):
             return False
         row = codec.receipt_to_row(receipt, document)

@@ -95,17 +95,24 @@ class Tx(Protocol):
         the head when its row is missing."""
         ...
 
-    def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
+    def place_receipt(
+        self, receipt: Receipt, document: dict[str, Any], *, last: bool = False
+    ) -> bool:
         """Insert ``receipt`` (placed: seq, prev_hash, hash set; ``document`` is its
         ``to_dict()``) and make its hash the chain head's; False, writing neither, when its id
-        is taken."""
+        is taken. ``last``: nothing follows in this transaction, so a backend may commit with
+        this statement (when it answers False, nothing of the transaction is kept)."""
         ...
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]: ...
     def head(self) -> tuple[int, str] | None: ...
-    def reserve_new(self, record: EffectRecord, events: Sequence[Event]) -> tuple[Event, ...] | None:
+    def reserve_new(
+        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
+    ) -> tuple[Event, ...] | None:
         """``insert_effect(record)`` and, only if it inserted, ``insert_events(events)``: the
-        stored events, or ``None`` (nothing written) when the key has a record."""
+        stored events, or ``None`` (nothing written) when the key has a record. ``last``:
+        nothing follows when it inserts, so a backend may commit with this statement (when it
+        does not insert it wrote nothing, and later statements run in a new transaction)."""
         ...
 
     def finish_and_advance(
@@ -120,7 +127,9 @@ class TxSteps:
     """The combined row operations written with the simple ones; a backend that can do one in
     a single statement overrides it."""
 
-    def reserve_new(self, record: EffectRecord, events: Sequence[Event]) -> tuple[Event, ...] | None:
+    def reserve_new(
+        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
+    ) -> tuple[Event, ...] | None:
         tx: Any = self
         if not tx.insert_effect(record):
             return None
@@ -296,7 +305,7 @@ def _start(
         # events are written outright; only a taken key plans from what is there.
         plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
         assert plan.kind == "insert" and plan.write is not None
-        stored = tx.reserve_new(plan.write, events(None, plan.reservation))
+        stored = tx.reserve_new(plan.write, events(None, plan.reservation), last=True)
         if stored is not None:
             return None, plan.reservation, stored
     if effect_key is not None:
@@ -336,7 +345,7 @@ def _place_receipt(tx: Tx, receipt: Receipt, head: tuple[int, str] | None) -> Re
             "the store was altered (run `ctrlrun receipts --verify-chain`)"
         )
     placed, document = receipt._placed(*head)
-    if not tx.place_receipt(placed, document):
+    if not tx.place_receipt(placed, document, last=True):  # every caller returns next
         # The id is taken. Raising rolls the whole transaction back on every store: the head
         # moved above stays where it was, and nothing else of this write is kept.
         raise InvalidArgument(

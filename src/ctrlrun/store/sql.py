@@ -108,14 +108,19 @@ class Statements:
         # less each time; SQLite has no such CTE and sends the statements one by one.
         self.combines = dialect.name == "postgresql"
         # the head takes the hash only of a receipt row inserted
+        place = (
+            "WITH placed AS ({insert} RETURNING hash) "
+            "UPDATE {{p}}receipt_chain AS head SET hash = placed.hash FROM placed "
+            "WHERE head.id = 1"
+        )
         self.place_receipt = (
-            sql(
-                f"WITH placed AS ({insert_receipt} RETURNING hash) "
-                "UPDATE {p}receipt_chain AS head SET hash = placed.hash FROM placed "
-                "WHERE head.id = 1"
-            )
-            if self.combines
-            else None
+            sql(place.format(insert=insert_receipt)) if self.combines else None
+        )
+        # committed with the statement: a taken id must fail it (a unique violation), since
+        # an insert that did nothing would commit the rest of the transaction
+        strict_insert = insert_receipt.replace(" ON CONFLICT (receipt_id) DO NOTHING", "")
+        self.place_receipt_strict = (
+            sql(place.format(insert=strict_insert)) if self.combines else None
         )
         self._sql = sql
 
@@ -209,18 +214,21 @@ def _schema_of(engine: Engine) -> str | None:
 class SQLTx(TxSteps):
     """The row operations over one SQLAlchemy connection inside the caller's transaction.
 
-    ``run`` (a transaction begun on the driver: ``DirectWrite.run``) sends the hot statements
-    straight to the driver; without it they go through ``exec_driver_sql``. Both answer with
-    something that has ``rowcount``, ``fetchone`` and ``fetchall``.
+    A ``transaction`` begun on the driver (``DirectWrite``) sends the hot statements straight
+    to the driver, and may send the last one with its ``COMMIT``; without it they go through
+    ``exec_driver_sql``. Both answer with something that has ``rowcount``, ``fetchone`` and
+    ``fetchall``.
     """
 
-    def __init__(
-        self, conn: Connection, statements: Statements, run: Callable[..., Any] | None = None
-    ) -> None:
+    def __init__(self, conn: Connection, statements: Statements, transaction: Any = None) -> None:
         self.conn = conn
         self.sql = statements
         self._insert = statements.insert
+        run = getattr(transaction, "run", None)
         self._run = conn.exec_driver_sql if run is None else run
+        # sends a statement with the transaction's COMMIT, when the transaction can
+        self._commits = getattr(transaction, "run_and_commit", None)
+        self._unique_error = getattr(transaction, "unique_error", ())
 
     def _insert_new(self, table: Any, key: str, row: dict[str, Any]) -> bool:
         # RETURNING, not rowcount: drivers need not report an INSERT's row count (psycopg's
@@ -360,12 +368,15 @@ class SQLTx(TxSteps):
         stored = tuple(map(codec.stored_event, batch, rows, ids))
         return stored, head
 
-    def reserve_new(self, record: EffectRecord, events: Sequence[Event]) -> tuple[Event, ...] | None:
+    def reserve_new(
+        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
+    ) -> tuple[Event, ...] | None:
         if not self.sql.combines or not events or len(events) > _EVENTS_PER_STATEMENT:
             return super().reserve_new(record, events)
         rows = [codec.event_to_row(event) for event in events]
         values = _effect_values(codec.effect_to_row(record)) + _flat_events(rows)
-        returned = self._run(self.sql.reserve_new(len(rows)), values).fetchall()
+        run = self._commits if last and self._commits else self._run
+        returned = run(self.sql.reserve_new(len(rows)), values).fetchall()
         if not any(r[0] == 1 for r in returned):
             return None  # the key has a record: nothing was written
         ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
@@ -395,8 +406,17 @@ class SQLTx(TxSteps):
         row = rows[0] if rows else None
         return None if row is None else (int(row[0]), row[1])
 
-    def place_receipt(self, receipt: Receipt, document: dict[str, Any]) -> bool:
+    def place_receipt(
+        self, receipt: Receipt, document: dict[str, Any], *, last: bool = False
+    ) -> bool:
         values = _receipt_values(codec.receipt_to_row(receipt, document))
+        if last and self._commits and self.sql.place_receipt_strict is not None:
+            try:
+                return self._commits(self.sql.place_receipt_strict, values).rowcount == 1
+            except self._unique_error as exc:
+                if _constraint(exc) == "receipts_pkey":
+                    return False  # the id is taken: the transaction failed, nothing is kept
+                raise
         if self.sql.place_receipt is not None:
             return self._run(self.sql.place_receipt, values).rowcount == 1
         if self._run(self.sql.insert_receipt, values).rowcount != 1:  # see insert_effect
@@ -412,6 +432,11 @@ class SQLTx(TxSteps):
         query = select(receipt_chain.c.seq, receipt_chain.c.hash).where(receipt_chain.c.id == 1)
         row = self.conn.execute(query).first()
         return None if row is None else (int(row[0]), row[1])
+
+
+def _constraint(exc: BaseException) -> str | None:
+    """The constraint a driver's integrity error names, when it says (psycopg does)."""
+    return getattr(getattr(exc, "diag", None), "constraint_name", None)
 
 
 def _flat_events(rows: list[dict[str, Any]]) -> tuple[Any, ...]:
@@ -436,40 +461,64 @@ def _match_ids(rows: list[dict[str, Any]], returned: Sequence[Any]) -> list[int]
 class DirectWrite:
     """A write transaction begun and ended on the driver connection, under SQLAlchemy's.
 
-    ``run`` has ``exec_driver_sql``'s shape and answers with the cursor. With ``deferred``, the
-    ``BEGIN`` is not sent alone but in front of the first statement, in the same message (the
-    cursor must accept several statements: psycopg's client-side binding cursor), so a
-    transaction costs one round trip less.
+    ``run`` has ``exec_driver_sql``'s shape and answers with the cursor. With ``fused``, the
+    cursor accepts several statements in one message (psycopg's client-side binding cursor):
+    ``BEGIN`` is not sent alone but in front of the first statement, and ``run_and_commit``
+    sends a statement with the ``COMMIT``, so a transaction costs two round trips fewer.
+    ``committing`` is true while a message carrying ``COMMIT`` is unanswered: an error then
+    leaves the outcome unknown unless the transaction failed before it.
     """
 
-    def __init__(self, dbapi: Any, cursor: Any, begin: str, *, deferred: bool = False) -> None:
+    def __init__(
+        self, dbapi: Any, cursor: Any, begin: str, *, fused: bool = False,
+        unique_error: type[BaseException] | tuple[()] = (),
+    ) -> None:  # fmt: skip
         self.dbapi = dbapi
         self.cursor = cursor
-        self.is_active = True
-        self._begin: str | None = begin
-        if not deferred:
+        self.unique_error = unique_error
+        self.committing = False
+        self._begin = begin
+        self._open = False  # a transaction is open on the server
+        if fused:
+            self.run_and_commit = self._run_and_commit
+        else:
             cursor.execute(begin)
-            self._begin = None
+            self._open = True
+
+    @property
+    def is_active(self) -> bool:
+        return self._open
 
     def run(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
         cursor = self.cursor
-        if self._begin is not None:
-            statement, self._begin = f"{self._begin}; {statement}", None
-            cursor.execute(statement, parameters)
+        if not self._open:
+            cursor.execute(f"{self._begin}; {statement}", parameters)
+            self._open = True
             cursor.nextset()  # past BEGIN's result, to the statement's
-            return cursor
-        if parameters is None:
+        elif parameters is None:
             cursor.execute(statement)
         else:
             cursor.execute(statement, parameters)
         return cursor
 
+    def _run_and_commit(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
+        cursor = self.cursor
+        begun = not self._open
+        text = f"{self._begin}; {statement}; COMMIT" if begun else f"{statement}; COMMIT"
+        self._open, self.committing = True, True
+        cursor.execute(text, parameters)
+        self._open, self.committing = False, False
+        if begun:
+            cursor.nextset()
+        return cursor
+
     def commit(self) -> None:
-        self.dbapi.commit()
-        self.is_active = False
+        if self._open:
+            self.dbapi.commit()
+            self._open = False
 
     def rollback(self) -> None:
-        self.is_active = False
+        self._open = False
         self.dbapi.rollback()
 
 
@@ -539,6 +588,11 @@ class SQLStateStore(StoreOps):
         if self._observed():
             return self._begin_locked(conn)
         return self._direct_write(conn.connection.driver_connection)
+
+    def _failed_first(self, transaction: Any) -> bool:
+        """Whether a transaction whose message carried ``COMMIT`` failed before it (so nothing
+        was committed); a dialect that cannot tell answers False (the outcome is unknown)."""
+        return False
 
     def _direct_write(self, dbapi: Any) -> DirectWrite:
         """A transaction on the driver connection, ``BEGIN_WRITE`` sent at once."""
@@ -616,14 +670,19 @@ class SQLStateStore(StoreOps):
             self._lost(conn, exc)
             raise self._driver_error(exc, "starting a write") from None
         kept: CTRLRunError | None = None
-        tx = SQLTx(conn, self._statements, getattr(transaction, "run", None))
+        tx = SQLTx(conn, self._statements, transaction)
         try:
             result = operation(tx, self._now())
         except KeptWrite as exc:
             kept = exc.error
         except errors as exc:
             self._lost(conn, exc)
+            unknown = getattr(transaction, "committing", False) and not self._failed_first(
+                transaction
+            )
             self._rollback(transaction)
+            if unknown:  # the COMMIT sent with the statement may have been carried out
+                raise self._commit_error(exc) from None
             raise self._driver_error(exc, "writing") from None
         except BaseException:
             self._rollback(transaction)
