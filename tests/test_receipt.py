@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime, timedelta, timezone
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ctrlrun import Control, InMemoryStateStore, JSONLEventSink, Policy, SQLiteStateStore, context, protect
 from ctrlrun.receipt import (
@@ -179,3 +182,18 @@ def test_timestamps_are_utc_milliseconds_truncated():
     assert format_ts(datetime(2026, 11, 30, 9, 56, 59, 597999, tzinfo=timezone.utc)) == "2026-11-30T09:56:59.597Z"
     plus_one = timezone(timedelta(hours=1))
     assert format_ts(datetime(2026, 11, 30, 10, 0, 0, 1000, tzinfo=plus_one)) == "2026-11-30T09:00:00.001Z"
+
+
+@given(
+    st.datetimes(
+        min_value=datetime(1, 1, 2),
+        timezones=st.sampled_from([timezone.utc, timezone(timedelta(hours=5, minutes=30))]),
+    )
+)
+def test_timestamps_are_what_isoformat_writes(moment):
+    """The hand-written formats equal isoformat's, at every date (year 1 included)."""
+    from ctrlrun._time import format_precise, format_ts
+
+    utc = moment.astimezone(timezone.utc)
+    assert format_ts(moment) == utc.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+    assert format_precise(moment) == utc.isoformat(timespec="microseconds")

@@ -17,13 +17,23 @@ def format_ts(moment: datetime) -> str:
     """UTC ISO-8601 with milliseconds (truncated) and ``Z``: ``2026-11-30T09:56:59.597Z``."""
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
-    # isoformat truncates to milliseconds (it never rounds); "+00:00" becomes "Z"
-    return moment.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
+    # what isoformat(timespec="milliseconds") writes (truncated, never rounded), "Z" for
+    # "+00:00"; spelled out because it runs several times per call and this is twice as fast
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (
+        moment.year, moment.month, moment.day,
+        moment.hour, moment.minute, moment.second, moment.microsecond // 1000,
+    )  # fmt: skip
 
 
 def format_precise(moment: datetime) -> str:
     """UTC ISO-8601 at full (microsecond) precision, for exact storage round trips."""
-    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+    if moment.tzinfo is not timezone.utc:
+        moment = moment.astimezone(timezone.utc)
+    # isoformat(timespec="microseconds"), spelled out as format_ts is
+    return "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00" % (
+        moment.year, moment.month, moment.day,
+        moment.hour, moment.minute, moment.second, moment.microsecond,
+    )  # fmt: skip
 
 
 def parse_ts(text: str) -> datetime:
@@ -38,6 +48,8 @@ def parse_ts(text: str) -> datetime:
 
 def require_aware(moment: datetime, what: str) -> datetime:
     """Refuse naive datetimes: every time ctrlrun compares is an aware one."""
+    if type(moment) is datetime and moment.tzinfo is timezone.utc:
+        return moment  # the default clock's kind: nothing to check
     from .errors import InvalidArgument
 
     if not isinstance(moment, datetime) or moment.tzinfo is None or moment.utcoffset() is None:

@@ -345,12 +345,17 @@ def _error_text(error: Any) -> str | None:
 
 
 _ASCII_JSON = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+_ATOMS = (str, int, bool, type(None))
 
 
 def storable_result(value: Any) -> Any:
     """The JSON value stored for an executor's result; an unencodable one becomes its ``repr``."""
-    if value is None or type(value) in (str, int, bool):
+    if value is None or type(value) in _ATOMS:
         return value  # the JSON round trip gives these back unchanged
+    if type(value) is dict and all(
+        type(k) is str and type(v) in _ATOMS for k, v in value.items()
+    ):  # fmt: skip
+        return dict(value)  # a flat object of those: likewise
     try:
         return json.loads(_ASCII_JSON.encode(value))
     except Exception:

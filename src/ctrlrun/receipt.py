@@ -100,7 +100,8 @@ class Event:
     event_id: int | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "type", EventType(self.type))
+        if type(self.type) is not EventType:
+            object.__setattr__(self, "type", EventType(self.type))
         object.__setattr__(self, "data", dict(self.data))
 
     def to_dict(self) -> dict[str, Any]:

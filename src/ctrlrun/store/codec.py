@@ -234,16 +234,14 @@ def stored_event(event: Event, row: Mapping[str, Any], event_id: int) -> Event:
     data = event.data
     if all(type(value) in _PLAIN for value in data.values()):
         stored = object.__new__(Event)
-        for name, value in (
-            ("type", event.type),
-            ("ts", event.ts),
-            ("action_id", event.action_id),
-            ("effect_key", event.effect_key),
-            ("approval_id", event.approval_id),
-            ("data", dict(data)),
-            ("event_id", event_id),
-        ):
-            object.__setattr__(stored, name, value)
+        put = object.__setattr__
+        put(stored, "type", event.type)
+        put(stored, "ts", event.ts)
+        put(stored, "action_id", event.action_id)
+        put(stored, "effect_key", event.effect_key)
+        put(stored, "approval_id", event.approval_id)
+        put(stored, "data", dict(data))
+        put(stored, "event_id", event_id)
         return stored
     return event_from_row({**row, "event_id": event_id})
 
