@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{command}\n{info['cpu_count']} CPUs ({info['cpu']}), Python {info['python']}, "
           f"SQLite {info['sqlite']}, load average {info['load_average_start']}", flush=True)  # fmt: skip
 
-    needs_store = any(b in selected for b in ("allow", "approval", "contention"))
+    needs_store = any(b in selected for b in ("allow", "approval", "contention", "profile"))
     pg = Postgres(settings.postgres_url if "postgres" in stores and needs_store else None)
     if "postgres" in stores and needs_store:
         if pg.available:

@@ -1,6 +1,6 @@
-"""Where the time goes on the SQLite allow path: the SQL it sends, that SQL alone, and a profile.
+"""Where the time goes on the allow path: the SQL it sends, that SQL alone, and a profile.
 
-Three measurements on fresh SQLite stores:
+Three measurements on fresh SQLite stores, and the second one on Postgres too:
 
 1. **The SQL per call.** An engine event listener records every statement (and its parameters)
    the store sends for N allowed calls, and every COMMIT.
@@ -9,6 +9,9 @@ Three measurements on fresh SQLite stores:
    recorded — same statements, same parameters, same order, same pragmas — interleaved with new
    protected calls on the store. The replay is the floor for the SQL the store issues today; the
    rest of a protected call is Python (ctrlrun and SQLAlchemy).
+   On Postgres the messages the store sends (several statements each: ``BEGIN`` and ``COMMIT``
+   travel with statements) are recorded from its transactions and replayed with a bare psycopg
+   client-side-binding cursor on a second schema brought to the same chain position.
 3. **cProfile** of the allow path (FULL, the default). Every function's own time (``tottime``) is
    summed into categories that partition the run, and the pipeline's steps and the store's SQL
    call sites are listed with their cumulative time. cProfile slows Python code several times
@@ -47,17 +50,17 @@ STEPS = (
     ("ctrlrun/policy/engine.py", "evaluate", "decide: Policy.evaluate"),
     ("ctrlrun/store/ops.py", "start_attempt", "reserve: the start transaction"),
     ("ctrlrun/store/ops.py", "finish_attempt", "record: the finish transaction"),
-    ("ctrlrun/_attempt.py", "event", "build the events (Attempt.event)"),
+    ("ctrlrun/_attempt.py", "new_event", "build the events (Attempt.new_event)"),
     ("ctrlrun/_attempt.py", "receipt", "build the receipt (Attempt.receipt)"),
     ("ctrlrun/receipt.py", "_placed", "hash the receipt into the chain (Receipt._placed)"),
-    ("ctrlrun/store/sql.py", "_on_begin", "SQL  BEGIN IMMEDIATE"),
-    ("ctrlrun/store/sql.py", "insert_effect", "SQL  INSERT effect (insert first)"),
-    ("ctrlrun/store/sql.py", "effect", "SQL  SELECT effect (only on a conflict)"),
-    ("ctrlrun/store/sql.py", "update_effect", "SQL  UPDATE effect (compare-and-set)"),
-    ("ctrlrun/store/sql.py", "finish_effect", "SQL  UPDATE effect outcome (one compare-and-set)"),
+    ("ctrlrun/store/sql.py", "_begin_write", "SQL  BEGIN IMMEDIATE, on the driver"),
+    ("ctrlrun/store/sql.py", "reserve_new", "SQL  INSERT effect, then the start's events"),
+    ("ctrlrun/store/sql.py", "finish_and_advance", "SQL  UPDATE outcome, INSERT events, move head"),
+    ("ctrlrun/store/sql.py", "finish_effect", "SQL  UPDATE effect outcome (compare-and-set)"),
     ("ctrlrun/store/sql.py", "_insert_events", "SQL  INSERT events (one multi-row statement)"),
-    ("ctrlrun/store/sql.py", "advance_head", "SQL  UPDATE chain head RETURNING"),
     ("ctrlrun/store/sql.py", "place_receipt", "SQL  INSERT receipt and set the head hash"),
+    ("ctrlrun/store/sql.py", "run", "SQL  every statement, sent to the driver"),
+    ("ctrlrun/store/sql.py", "commit", "SQL  COMMIT (WAL append + fsync)"),
 )
 
 
@@ -192,6 +195,73 @@ def _replay_and_compare(kind: str, settings: Settings, pg: Postgres, results: Re
     return verbs
 
 
+def _replay_postgres(settings: Settings, pg: Postgres, results: Results, calls: int) -> None:
+    """Record the messages ``calls`` protected calls send to Postgres, then time them replayed
+    with a bare psycopg cursor on a second schema at the same chain position, interleaved with
+    new protected calls."""
+    import ctrlrun
+
+    recorded = pg.new_schema()
+    twin = pg.new_schema()
+    store, other = pg.store(recorded), pg.store(twin)
+    replay = pg.connect()
+    try:
+        _, protected = protected_refund(store)
+        _, warm_twin = protected_refund(other)
+        messages: list[list[tuple[str, Any]]] = []
+        real = store._direct_write
+
+        def spying(dbapi: Any) -> Any:
+            transaction = real(dbapi)
+            cursor = transaction.cursor
+
+            class Spy:
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(cursor, name)
+
+                def execute(self, query: str, params: Any = None) -> Any:
+                    messages[-1].append((query, params))
+                    return cursor.execute(query, params)
+
+            transaction.cursor = Spy()
+            return transaction
+
+        with ctrlrun.context(agent=AGENT):
+            for i in range(settings.warmup):  # both schemas: the same number of receipts
+                protected(payment_id=f"w{i}", amount=ALLOWED_AMOUNT)
+                warm_twin(payment_id=f"w{i}", amount=ALLOWED_AMOUNT)
+            store._direct_write = spying  # type: ignore[method-assign]
+            for i in range(calls):
+                messages.append([])
+                protected(payment_id=f"r{i}", amount=ALLOWED_AMOUNT)
+            del store._direct_write
+            cursor = pg._psycopg.ClientCursor(replay)
+            position = {"n": 0}
+
+            def replayed(i: int) -> None:
+                for query, params in messages[position["n"]]:
+                    cursor.execute(query.replace(f"{recorded}.", f"{twin}."), params)
+                position["n"] += 1
+
+            def call_protected(i: int) -> None:
+                protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
+
+            series = interleave(
+                [("protected", call_protected), ("same messages, bare psycopg", replayed)],
+                calls=calls, rounds=min(settings.rounds, calls), warmup=0,
+            )  # fmt: skip
+    finally:
+        replay.close()
+        store.close()
+        other.close()
+    per_call = sum(len(m) for m in messages) / len(messages)
+    results.rows.append(Row("where", "postgres", "protected", series["protected"], None,
+                            "interleaved with the line below"))  # fmt: skip
+    results.rows.append(Row("where", "postgres", "same messages, bare psycopg",
+                            series["same messages, bare psycopg"], 2.0,
+                            f"{per_call:.0f} messages per call, replayed"))  # fmt: skip
+
+
 # --------------------------------------------------------------------------- profile
 
 
@@ -203,6 +273,8 @@ def run(settings: Settings, pg: Postgres, results: Results) -> None:
           f"and NORMAL), then {calls} calls under cProfile", flush=True)  # fmt: skip
     verbs = _replay_and_compare("sqlite-full", settings, pg, results, calls)
     _replay_and_compare("sqlite-normal", settings, pg, results, calls)
+    if pg.available and "postgres" in settings.stores:
+        _replay_postgres(settings, pg, results, calls)
 
     with fresh_dir(settings, "profile") as directory:
         opened = open_store("sqlite-full", directory, pg, raw=False)
