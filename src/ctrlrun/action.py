@@ -283,6 +283,15 @@ class Principal:
         }
 
 
+def _plain_copy(value: Any) -> Any:
+    """A deep copy of parsed JSON (dicts, lists and atoms): what parsing it again would give."""
+    if type(value) is dict:
+        return {key: _plain_copy(item) for key, item in value.items()}
+    if type(value) is list:
+        return [_plain_copy(item) for item in value]
+    return value
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Action:
     """One proposed call. Equality follows ``action_id`` (the proposal), not the content."""
@@ -295,6 +304,7 @@ class Action:
     action_id: str = field(default_factory=lambda: new_id("act"))
     _canonical: bytes = field(default=b"", repr=False, compare=False)
     _hash: str = field(default="", repr=False, compare=False)
+    _parsed: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require_text(self.name, "action name")
@@ -339,7 +349,15 @@ class Action:
     @property
     def canonical_arguments(self) -> dict[str, Any]:
         """A fresh plain dict parsed back from the canonical form (what the function receives)."""
-        return json.loads(self._canonical)["arguments"]
+        return _plain_copy(self._arguments_view())
+
+    def _arguments_view(self) -> dict[str, Any]:
+        """The canonical arguments parsed once and shared: read them, never change them."""
+        parsed = self._parsed
+        if parsed is None:
+            parsed = json.loads(self._canonical)["arguments"]
+            object.__setattr__(self, "_parsed", parsed)
+        return parsed
 
     def replace(self, **changes: Any) -> Action:
         """A new proposal with some fields changed (a new ``action_id`` unless given)."""

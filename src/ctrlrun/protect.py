@@ -148,7 +148,7 @@ class _Protected:
         effect_key, effect_error = None, None
         if effect is not None:
             try:
-                effect_key = render_effect_key(effect, action.canonical_arguments, action.resource)
+                effect_key = render_effect_key(effect, action._arguments_view(), action.resource)
             except EffectKeyError as exc:
                 effect_error = exc
         elif self.reconcile is not None:
