@@ -138,7 +138,7 @@ class Event:
 _NOT_STORED = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class Receipt:
     """The portable record of one finished attempt: 36 keys, in this order (v8).
 
@@ -365,16 +365,15 @@ def _canonical(document: dict[str, Any], unchecked: list[Any]) -> bytes:
 
 def _copy(receipt: Receipt, **changes: Any) -> Receipt:
     """``dataclasses.replace(receipt, **changes)`` without the per-call field introspection:
-    every field is an init field and ``Receipt`` has no ``__post_init__``, so copying the
-    slots is what ``replace`` does."""
-    new = object.__new__(Receipt)
-    set_slot = object.__setattr__
-    for name, value in zip(_FIELD_NAMES, _field_values(receipt)):
-        set_slot(new, name, value)
-    for name, value in changes.items():
+    every field is an init field and ``Receipt`` has no ``__post_init__``, so copying its
+    attributes is what ``replace`` does."""
+    for name in changes:
         if name not in _FIELD_SET:
             raise TypeError(f"Receipt has no field {name!r}")
-        set_slot(new, name, value)
+    new = object.__new__(Receipt)
+    values = new.__dict__
+    values.update(receipt.__dict__)
+    values.update(changes)
     return new
 
 
