@@ -114,6 +114,38 @@ def test_allowed_call_on_sqlite_sends_nine_statements_in_two_transactions(tmp_pa
     assert sum(verbs.values()) <= 9  # 17 before the hot path was rewritten
 
 
+def test_events_come_back_with_ids_only_for_sinks(tmp_path, clock):
+    """Without a sink the events' INSERTs return nothing (no id is read back); with one, the
+    sink gets every event with the id it was stored under."""
+    store = SQLiteStateStore(tmp_path / "state.db", clock=clock)
+    seen: list[Any] = []
+
+    class Sink:
+        def on_event(self, event):
+            seen.append(event)
+
+        def on_receipt(self, receipt):
+            pass
+
+    try:
+        for sinks in ((), (Sink(),)):
+            control = Control(Policy.from_yaml(POLICY), store, clock=clock, sinks=sinks)
+
+            @protect("stripe.refund", control=control)
+            def refund(payment_id: str, amount: int) -> str:
+                return "ok"
+
+            with context(agent="agent-1"), SQLLog(store.engine) as log:
+                refund(payment_id=f"txn_{len(sinks)}", amount=100)
+            inserts = [s for s in log.statements if "INSERT INTO events" in s]
+            assert len(inserts) == 2
+            assert all(("RETURNING" in s) == bool(sinks) for s in inserts)
+        stored = {e.event_id: e for e in store.events()}
+        assert len(seen) == 5 and all(stored[e.event_id] == e for e in seen)
+    finally:
+        store.close()
+
+
 @pytest.mark.postgres
 def test_allowed_call_on_postgres_sends_five_statements_in_two_transactions(
     pg_url, pg_schema, clock

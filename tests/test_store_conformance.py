@@ -677,6 +677,35 @@ def test_start_attempt_reserves_into_executing(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.CONSUMED
 
 
+def test_allowed_start_and_finish_store_their_events_without_handing_them_back(store):
+    """``return_events=False`` (a Control without sinks): the same rows are written, with ids,
+    and ``()`` comes back; a taken key still plans from the stored record."""
+    build = lambda approval, reservation: [  # noqa: E731
+        make_event(EventType.ACTION_PROPOSED), make_event(EventType.EFFECT_RESERVED),
+    ]  # fmt: skip
+    approval, reservation, stored = store.start_attempt(
+        action_id="a1", effect_key="k", lease=LEASE, events=build, return_events=False
+    )
+    assert (approval, stored) == (None, ()) and reservation.attempt == 1
+    events, receipt = store.finish_attempt(
+        effect_key="k", action_id="a1", outcome=EffectState.COMMITTED, result={"ok": True},
+        events=[make_event(EventType.EXECUTION_COMMITTED)], receipt=make_receipt(),
+        return_events=False,
+    )  # fmt: skip
+    assert events == () and receipt.seq == 1
+    written = store.events()
+    assert [e.type for e in written] == [
+        EventType.ACTION_PROPOSED, EventType.EFFECT_RESERVED, EventType.EXECUTION_COMMITTED,
+    ]  # fmt: skip
+    assert len({e.event_id for e in written}) == 3 and all(e.event_id for e in written)
+    assert store.get_effect("k").state is EffectState.COMMITTED and verify_chain(store).ok
+    with pytest.raises(DuplicateEffect):
+        store.start_attempt(
+            action_id="a2", effect_key="k", lease=LEASE, events=build, return_events=False
+        )
+    assert len(store.events()) == 3
+
+
 def test_start_attempt_without_key_or_approval(store):
     approval, reservation, stored = store.start_attempt(
         action_id="a1", effect_key=None, lease=LEASE, approval_id=None, action_hash=None,

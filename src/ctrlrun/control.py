@@ -374,6 +374,7 @@ class Control:
                     approval_id=approval_id,
                     action_hash=action.action_hash if approval_id else None,
                     events=started,
+                    return_events=bool(self._sinks),
                 )
             except ApprovalMismatch as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
@@ -443,6 +444,7 @@ class Control:
                 error=error,
                 events=attempt.take(),
                 receipt=receipt,
+                return_events=bool(self._sinks),
             )
         except (AmbiguousEffect, DuplicateEffect, InvalidArgument) as refusal:
             if not attempt.effect_key:

@@ -95,11 +95,14 @@ class StateStore(Protocol):
         approval_id: str | None = None,
         action_hash: str | None = None,
         events: Callable[[Approval | None, Reservation | None], Sequence[Event]] | None = None,
+        return_events: bool = True,
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
         """Consume the presented approval, reserve the key into ``executing``, append the events.
 
         Refusals raise as ``consume_approval_and_reserve`` does and write nothing but its two kept
-        writes; ``events`` is called inside the transaction and must not call the store.
+        writes; ``events`` is called inside the transaction (maybe twice, when the store has to
+        plan the start anew) and must not call the store. The stored events are handed back
+        unless ``return_events`` is False (then ``()``: no id is read back).
         """
         ...
 
@@ -113,8 +116,10 @@ class StateStore(Protocol):
         error: str | None = None,
         events: Sequence[Event] = (),
         receipt: Receipt | None = None,
+        return_events: bool = True,
     ) -> tuple[tuple[Event, ...], Receipt | None]:
-        """Write the outcome, events and receipt together; a refused outcome writes nothing."""
+        """Write the outcome, events and receipt together; a refused outcome writes nothing. The
+        stored events are handed back unless ``return_events`` is False (then ``()``)."""
         ...
 
     def record(

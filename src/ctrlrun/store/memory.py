@@ -142,7 +142,8 @@ class _MemoryTx(TxSteps):
         stored = []
         for event, row in zip(events, rows):
             row["event_id"] = self._next_event
-            stored.append(codec.stored_event(event, row, self._next_event))
+            if self.returning:
+                stored.append(codec.stored_event(event, row, self._next_event))
             self._next_event += 1
         self._events.extend(rows)
         return tuple(stored)

@@ -63,6 +63,8 @@ class KeptWrite(Exception):
 class Tx(Protocol):
     """The row operations a backend offers inside one transaction (or lock)."""
 
+    returning: bool  # see TxSteps
+
     def effect(self, effect_key: str) -> EffectRecord | None: ...
     def insert_effect(self, record: EffectRecord) -> bool: ...
     def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool: ...
@@ -125,7 +127,13 @@ class Tx(Protocol):
 
 class TxSteps:
     """The combined row operations written with the simple ones; a backend that can do one in
-    a single statement overrides it."""
+    a single statement overrides it.
+
+    ``returning``: whether event inserts must hand back the stored events (with their ids); when
+    False they may answer ``()`` (the caller has no use for them: no event sink).
+    """
+
+    returning = True
 
     def reserve_new(
         self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
@@ -608,21 +616,26 @@ class StoreOps:
         approval_id: str | None = None,
         action_hash: str | None = None,
         events: EventsFn | None = None,
+        return_events: bool = True,
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
-        """Consume the approval, reserve the key straight into ``executing``, append the events."""
+        """Consume the approval, reserve the key straight into ``executing``, append the events
+        (handed back stored, unless ``return_events`` is False: then ``()``)."""
         _check_id(action_id, "action_id")
         if approval_id is not None:
             _check_id(approval_id, "approval_id")
             _check_id(action_hash, "action_hash")
         if effect_key is not None:
             check_reservation_args(effect_key, action_id, lease)
-        return self._write(
-            lambda tx, now: _start(
+
+        def start(tx: Any, now: datetime) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
+            tx.returning = return_events
+            return _start(
                 tx, now, action_id=action_id, effect_key=effect_key, lease=lease,
                 approval_id=approval_id, action_hash=action_hash,
                 state=EffectState.EXECUTING, events=events,
-            )
-        )  # fmt: skip
+            )  # fmt: skip
+
+        return self._write(start)
 
     def finish_attempt(
         self,
@@ -634,8 +647,10 @@ class StoreOps:
         error: str | None = None,
         events: Sequence[Event] = (),
         receipt: Receipt | None = None,
+        return_events: bool = True,
     ) -> tuple[tuple[Event, ...], Receipt | None]:
-        """Write the outcome, append events, chain the receipt; a refused outcome writes nothing."""
+        """Write the outcome, append events, chain the receipt; a refused outcome writes nothing.
+        The events come back stored unless ``return_events`` is False (then ``()``)."""
         _check_id(action_id, "action_id")
         target = _effect_state(outcome)
         checks = {
@@ -657,7 +672,8 @@ class StoreOps:
             )
         events = tuple(events)
 
-        def finish(tx: Tx, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:
+        def finish(tx: Any, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:
+            tx.returning = return_events
             if target is None:
                 return _record(tx, events, receipt)
             assert effect_key is not None

@@ -153,6 +153,17 @@ class Statements:
         return statement
 
 
+    def insert_events_plain(self, rows: int) -> str:
+        """``INSERT`` of ``rows`` events in one statement, returning nothing."""
+        key = ("plain", rows)
+        statement = self._events_sql.get(key)
+        if statement is None:
+            head, row, _ = self._insert_events
+            statement = self._sql(head + ", ".join([row] * rows))
+            if rows <= 16:
+                self._events_sql[key] = statement
+        return statement
+
     def reserve_new(self, rows: int) -> str:
         """Postgres: the effect inserted and, only if it was, ``rows`` events, in one statement.
 
@@ -353,6 +364,11 @@ class SQLTx(TxSteps):
         self, batch: Sequence[Event], *, advance_head: bool
     ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
         rows = [codec.event_to_row(event) for event in batch]
+        if not self.returning and not advance_head:  # nobody needs the ids: no RETURNING
+            for start in range(0, len(rows), _EVENTS_PER_STATEMENT):
+                chunk = rows[start : start + _EVENTS_PER_STATEMENT]
+                self._run(self.sql.insert_events_plain(len(chunk)), _flat_events(chunk))
+            return (), None
         ids: list[int] = []
         head = None
         for start in range(0, len(rows), _EVENTS_PER_STATEMENT):
@@ -379,6 +395,8 @@ class SQLTx(TxSteps):
         returned = run(self.sql.reserve_new(len(rows)), values).fetchall()
         if not any(r[0] == 1 for r in returned):
             return None  # the key has a record: nothing was written
+        if not self.returning:
+            return ()
         ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
         return tuple(map(codec.stored_event, events, rows, ids))
 
@@ -392,8 +410,10 @@ class SQLTx(TxSteps):
         returned = self._run(self.sql.finish_and_advance(len(rows)), values).fetchall()
         moved = [r for r in returned if r[0] == 1]
         head = (int(moved[0][1]), moved[0][2]) if moved else None
-        ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
         finished = any(r[0] == 2 for r in returned)
+        if not self.returning:
+            return finished, (), head
+        ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
         return finished, tuple(map(codec.stored_event, events, rows, ids)), head
 
     def list_events(self) -> list[Event]:
