@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -149,9 +150,13 @@ def test_unreadable_row_is_walked_past(tmp_path):
     assert breaks == [("content_altered", 2), ("link_broken", 3)]
 
 
-def test_jsonl_sink(tmp_path):
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_jsonl_sink(tmp_path, kind):
+    """One append per transaction (on_batch), lines equal to what the store holds."""
     sink = JSONLEventSink(tmp_path / "evidence")
-    store = InMemoryStateStore(clock=Clock())
+    store = InMemoryStateStore(clock=Clock()) if kind == "memory" else SQLiteStateStore(
+        tmp_path / "state.db", clock=Clock()
+    )
     fill(store, 2, sinks=[sink])
     receipts = (tmp_path / "evidence" / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
     assert receipts == [r.to_json() for r in store.receipts()]
@@ -197,3 +202,12 @@ def test_timestamps_are_what_isoformat_writes(moment):
     utc = moment.astimezone(timezone.utc)
     assert format_ts(moment) == utc.replace(tzinfo=None).isoformat(timespec="milliseconds") + "Z"
     assert format_precise(moment) == utc.isoformat(timespec="microseconds")
+
+
+def test_a_placed_receipts_line_is_the_stored_one_and_not_copied_on():
+    store = InMemoryStateStore(clock=Clock())
+    fill(store, 1)
+    placed = store.put_receipt(replace(store.receipts()[0], receipt_id="ctr_copy"))
+    assert placed.to_json() == json.dumps(placed.to_dict(), separators=(",", ":"), ensure_ascii=False)
+    moved = placed.chained(7, "sha256:" + "1" * 64)
+    assert json.loads(moved.to_json())["seq"] == 7 and json.loads(placed.to_json())["seq"] == 2

@@ -109,6 +109,10 @@ def fan_out(
     """Copy committed evidence to every sink; a failing sink is logged and skipped."""
     for sink in sinks:
         try:
+            batch = getattr(sink, "on_batch", None)
+            if batch is not None:
+                batch(events, receipt)
+                continue
             for event in events:
                 sink.on_event(event)
             if receipt is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from operator import attrgetter
@@ -225,7 +225,8 @@ class Receipt:
 
     def to_json(self) -> str:
         """The stored line: compact JSON, keys in table order, non-ASCII as itself."""
-        return _compact(self.to_dict())
+        written = self.__dict__.get("_json")  # the line the store wrote for this receipt
+        return written if written is not None else _compact(self.to_dict())
 
     def chain_hash(self) -> str:
         """``sha256:`` over the canonical (sorted-key) bytes of the document."""
@@ -373,6 +374,7 @@ def _copy(receipt: Receipt, **changes: Any) -> Receipt:
     new = object.__new__(Receipt)
     values = new.__dict__
     values.update(receipt.__dict__)
+    values.pop("_json", None)  # the line written for the original, if any
     values.update(changes)
     return new
 
@@ -535,7 +537,11 @@ def verify_rows(
 
 @runtime_checkable
 class EventSink(Protocol):
-    """Receives every event and receipt after the store committed it."""
+    """Receives every event and receipt after the store committed it.
+
+    A sink may also have ``on_batch(events, receipt)``: it is then given one transaction's
+    events and receipt (or ``None``) at once, instead of ``on_event``/``on_receipt``.
+    """
 
     def on_event(self, event: Event) -> None: ...
 
@@ -564,3 +570,10 @@ class JSONLEventSink:
 
     def on_receipt(self, receipt: Receipt) -> None:
         self._append(self.receipts_path, receipt.to_json())
+
+    def on_batch(self, events: Sequence[Event], receipt: Receipt | None) -> None:
+        """One transaction's records: all its event lines in one append, then the receipt's."""
+        if events:
+            self._append(self.events_path, "\n".join(event.to_json() for event in events))
+        if receipt is not None:
+            self.on_receipt(receipt)

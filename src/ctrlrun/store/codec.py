@@ -253,6 +253,7 @@ def receipt_to_row(receipt: Receipt, document: dict[str, Any] | None = None) -> 
     """
     text = receipt.to_json() if document is None else _compact(document)
     _text(text, f"receipt {receipt.receipt_id}")
+    object.__setattr__(receipt, "_json", text)  # to_json() of this receipt, for the sinks
     return {
         "receipt_id": _text(receipt.receipt_id, "receipt_id"),
         "action_id": _free_text(receipt.action_id, "receipt action_id"),
