@@ -5,6 +5,8 @@ Per store, three variants run interleaved in the same process:
 - ``protected``   — ``@protect``ed ``refund(payment_id=<new>, amount=12000)`` (policy: allow);
 - ``async protected`` — the same as an ``async def``, awaited in one running event loop (store
   work in worker threads);
+- ``protected + JSONL sink`` (SQLite) — the same with the evidence copy the default wiring adds
+  (``ctrlrun.yaml`` next to a SQLite store: ``.ctrlrun/evidence/*.jsonl``);
 - ``unprotected`` — the same function called directly;
 - ``raw 2 commits`` — the minimum durable work on the same kind of database (baselines.py).
 
@@ -13,6 +15,7 @@ The store's ``transactions`` counter is read around the protected batches only.
 
 from __future__ import annotations
 
+import os
 from contextlib import closing
 
 from .common import (
@@ -48,10 +51,20 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
             control, protected = protected_refund(store)
             aprotected = protected_refund_async(control)
             executed = {"n": 0}
+            sinked = None
+            if kind.startswith("sqlite-"):
+                from ctrlrun import JSONLEventSink
+
+                sink = JSONLEventSink(os.path.join(directory, "evidence"))
+                sinked = protected_refund(store, sinks=(sink,))[1]
 
             def call_protected(i: int) -> None:
                 protected(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
                 executed["n"] += 1
+
+            def call_sinked(i: int) -> None:
+                assert sinked is not None
+                sinked(payment_id=f"j{i}", amount=ALLOWED_AMOUNT)
 
             def call_async(i: int) -> None:
                 loop.run_until_complete(aprotected(payment_id=f"a{i}", amount=ALLOWED_AMOUNT))
@@ -64,18 +77,22 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                 ("async protected", call_async),
                 ("unprotected", call_unprotected),
             ]
+            if sinked is not None:
+                variants.insert(1, ("protected + JSONL sink", call_sinked))
             if opened.raw is not None:
                 variants.append(("raw 2 commits", opened.raw.two_commits))
 
-            counted = {"tx": 0, "calls": 0, "mark": 0}
+            counted: dict[str, list[int]] = {}  # variant: [transactions, calls]
+            mark = {"tx": 0}
 
             def before(name: str) -> None:
-                counted["mark"] = store.transactions
+                mark["tx"] = store.transactions
 
             def after(name: str, n: int) -> None:
-                if name == "protected":
-                    counted["tx"] += store.transactions - counted["mark"]
-                    counted["calls"] += n
+                if name.startswith("protected"):
+                    seen = counted.setdefault(name, [0, 0])
+                    seen[0] += store.transactions - mark["tx"]
+                    seen[1] += n
 
             with ctrlrun.context(agent=AGENT):
                 series = interleave(
@@ -92,8 +109,15 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                     f"allow path on {kind}: the function ran {executed['n']} times for "
                     f"{expected} allowed calls"
                 )
-            tx = counted["tx"] / counted["calls"] if counted["calls"] else None
-            results.rows.append(Row("allow", kind, "protected", series["protected"], tx))
+            def tx(name: str) -> float | None:
+                transactions, calls = counted.get(name, (0, 0))
+                return transactions / calls if calls else None
+
+            results.rows.append(Row("allow", kind, "protected", series["protected"], tx("protected")))
+            if sinked is not None:
+                results.rows.append(Row("allow", kind, "protected + JSONL sink",
+                                        series["protected + JSONL sink"], tx("protected + JSONL sink"),
+                                        "the default wiring's evidence copy"))  # fmt: skip
             results.rows.append(Row("allow", kind, "async protected", series["async protected"]))
             results.rows.append(Row("allow", kind, "unprotected", series["unprotected"]))
             if opened.raw is not None:

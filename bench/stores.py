@@ -79,14 +79,14 @@ def usable_stores(settings: Any, pg: Postgres, results: Any, *, shared: bool = F
     return chosen
 
 
-def protected_refund(store: Any) -> tuple[Any, Callable[..., Any]]:
+def protected_refund(store: Any, sinks: Any = ()) -> tuple[Any, Callable[..., Any]]:
     """A Control over ``store`` with the refund policy, and the refund function protected by it."""
     import ctrlrun
     from ctrlrun import Control, Policy
 
     from .common import ACTION, EFFECT, REFUND_POLICY, refund
 
-    control = Control(Policy.from_yaml(REFUND_POLICY, source="bench"), store)
+    control = Control(Policy.from_yaml(REFUND_POLICY, source="bench"), store, sinks=sinks)
     return control, ctrlrun.protect(ACTION, effect=EFFECT, control=control)(refund)
 
 
