@@ -18,6 +18,7 @@ import pytest
 
 import ctrlrun
 from ctrlrun import Control, Policy, context, protect
+from ctrlrun.approvals import ApprovalStatus
 from ctrlrun.effect import EffectState
 from ctrlrun.errors import (
     AmbiguousWrite,
@@ -655,6 +656,30 @@ def test_statement_failing_before_the_commit_it_carries_is_not_ambiguous(pg, mon
     monkeypatch.undo()
     assert pg.get_effect("k") is None
     assert pg.start_attempt(action_id="a2", effect_key="k", lease=timedelta(minutes=5))[1]
+
+
+@needs_server
+def test_a_write_that_starts_with_an_approval_keeps_it_in_the_transaction(pg, clock, monkeypatch):
+    """An approval consumed without a key (SQLAlchemy Core statements first): BEGIN is sent before
+    them, so when the events' insert fails the consumption is rolled back with it."""
+    action = make_action()
+    request = granted_request(pg, clock, action)
+
+    def fail(cursor, message, params):
+        if "INSERT INTO" in message and ".events" in message:
+            return cursor.execute("SELECT 1/0")
+        return cursor.execute(message, params)
+
+    messages = spy_messages(monkeypatch, pg, fail)
+    with pytest.raises(CTRLRunError, match="while writing"):
+        pg.start_attempt(
+            action_id=action.action_id, effect_key=None, approval_id=request.request_id,
+            action_hash=action.action_hash, events=lambda approval, reservation: [make_event()],
+        )  # fmt: skip
+    assert messages[0] == "BEGIN"
+    monkeypatch.undo()
+    assert pg.get_approval(request.request_id).status is ApprovalStatus.GRANTED
+    assert pg.events() == ()
 
 
 # --------------------------------------------------------------------------- the default Control

@@ -240,6 +240,14 @@ class SQLTx(TxSteps):
         # sends a statement with the transaction's COMMIT, when the transaction can
         self._commits = getattr(transaction, "run_and_commit", None)
         self._unique_error = getattr(transaction, "unique_error", ())
+        self._begun = getattr(transaction, "begin_now", None)
+
+    def _core(self, statement: Any) -> Any:
+        """Run a SQLAlchemy Core statement inside this transaction (a deferred BEGIN is sent
+        first, so a write made this way is never outside it)."""
+        if self._begun is not None:
+            self._begun()
+        return self.conn.execute(statement)
 
     def _insert_new(self, table: Any, key: str, row: dict[str, Any]) -> bool:
         # RETURNING, not rowcount: drivers need not report an INSERT's row count (psycopg's
@@ -250,7 +258,7 @@ class SQLTx(TxSteps):
             .on_conflict_do_nothing(index_elements=[key])
             .returning(table.c[key])
         )
-        return self.conn.execute(statement).first() is not None
+        return self._core(statement).first() is not None
 
     # effects
     def effect(self, effect_key: str) -> EffectRecord | None:
@@ -295,12 +303,12 @@ class SQLTx(TxSteps):
         query = select(effects).order_by(effects.c.created_at, effects.c.effect_key)
         if state is not None:
             query = query.where(effects.c.state == state.value)
-        return [codec.effect_from_row(r) for r in self.conn.execute(query).mappings()]
+        return [codec.effect_from_row(r) for r in self._core(query).mappings()]
 
     # approvals
     def approval(self, approval_id: str) -> ApprovalRecord | None:
         row = (
-            self.conn.execute(select(approvals).where(approvals.c.approval_id == approval_id))
+            self._core(select(approvals).where(approvals.c.approval_id == approval_id))
             .mappings()
             .first()
         )
@@ -323,7 +331,7 @@ class SQLTx(TxSteps):
             )
             .values(**row)
         )
-        return self.conn.execute(statement).rowcount == 1
+        return self._core(statement).rowcount == 1
 
     def find_approvals(
         self,
@@ -347,7 +355,7 @@ class SQLTx(TxSteps):
         query = query.order_by(*(c.desc() for c in order) if newest_first else order)
         if limit is not None:
             query = query.limit(limit)
-        return [codec.approval_from_row(r) for r in self.conn.execute(query).mappings()]
+        return [codec.approval_from_row(r) for r in self._core(query).mappings()]
 
     # events
     def insert_events(self, batch: Sequence[Event]) -> tuple[Event, ...]:
@@ -418,7 +426,7 @@ class SQLTx(TxSteps):
 
     def list_events(self) -> list[Event]:
         query = select(events).order_by(events.c.event_id)
-        return [codec.event_from_row(r) for r in self.conn.execute(query).mappings()]
+        return [codec.event_from_row(r) for r in self._core(query).mappings()]
 
     # receipts and the chain head
     def advance_head(self) -> tuple[int, str] | None:
@@ -446,11 +454,11 @@ class SQLTx(TxSteps):
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]:
         query = select(receipts).order_by(receipts.c.seq.asc().nulls_first(), receipts.c.receipt_id)
-        return [codec.receipt_from_row(r) for r in self.conn.execute(query).mappings()]
+        return [codec.receipt_from_row(r) for r in self._core(query).mappings()]
 
     def head(self) -> tuple[int, str] | None:
         query = select(receipt_chain.c.seq, receipt_chain.c.hash).where(receipt_chain.c.id == 1)
-        row = self.conn.execute(query).first()
+        row = self._core(query).first()
         return None if row is None else (int(row[0]), row[1])
 
 
@@ -508,6 +516,12 @@ class DirectWrite:
     @property
     def is_active(self) -> bool:
         return self._open
+
+    def begin_now(self) -> None:
+        """Send a deferred ``BEGIN`` alone, before a statement that does not go through ``run``."""
+        if not self._open:
+            self.cursor.execute(self._begin)
+            self._open = True
 
     def run(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
         cursor = self.cursor
