@@ -13,7 +13,8 @@ from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
-from .ops import KeptWrite, StoreOps, Tx, TxSteps
+from .ops import StoreOps
+from .rows import KeptWrite, Tx, TxSteps
 
 __all__ = ["InMemoryStateStore"]
 

@@ -1,0 +1,113 @@
+"""The row interface a backend supplies (``Tx``), and the combined steps written with it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Protocol
+
+from ..approvals import ApprovalRecord, ApprovalStatus
+from ..effect import EffectRecord, EffectState
+from ..errors import CTRLRunError
+from ..receipt import Event, Receipt, UnreadableReceipt
+
+__all__ = ["KeptWrite", "Tx", "TxSteps"]
+
+
+class KeptWrite(Exception):
+    """Raised inside a write: commit what was written so far, then raise ``error``."""
+
+    def __init__(self, error: CTRLRunError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Tx(Protocol):
+    """The row operations a backend offers inside one transaction (or lock)."""
+
+    returning: bool  # see TxSteps
+
+    def effect(self, effect_key: str) -> EffectRecord | None: ...
+    def insert_effect(self, record: EffectRecord) -> bool: ...
+    def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool: ...
+    def list_effects(self, state: EffectState | None) -> list[EffectRecord]: ...
+    def approval(self, approval_id: str) -> ApprovalRecord | None: ...
+    def insert_approval(self, record: ApprovalRecord) -> bool: ...
+    def update_approval(self, expected: ApprovalRecord, record: ApprovalRecord) -> bool: ...
+    def find_approvals(
+        self,
+        *,
+        action_hash: str | None = None,
+        status: ApprovalStatus | None = None,
+        valid_at: datetime | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+    ) -> list[ApprovalRecord]: ...
+    def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
+        """Compare-and-set on what a finishing caller knows: ``expected``'s key, action id and
+        state, and no result or error stored yet; write ``record``'s state, ``updated_at``,
+        lease, result and error (nothing else)."""
+        ...
+
+    def insert_events(self, events: Sequence[Event]) -> tuple[Event, ...]: ...
+    def list_events(self) -> list[Event]: ...
+    def insert_events_and_advance_head(
+        self, events: Sequence[Event]
+    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
+        """``insert_events(events)`` (none is fine) and the chain head moved to its next seq:
+        the stored events and the new ``(seq, hash of the previous receipt)``, or ``None`` for
+        the head when its row is missing."""
+        ...
+
+    def place_receipt(
+        self, receipt: Receipt, document: dict[str, Any], *, last: bool = False
+    ) -> bool:
+        """Insert ``receipt`` (placed: seq, prev_hash, hash set; ``document`` is its
+        ``to_dict()``) and make its hash the chain head's; False, writing neither, when its id
+        is taken. ``last``: nothing follows in this transaction, so a backend may commit with
+        this statement (when it answers False, nothing of the transaction is kept)."""
+        ...
+
+    def list_receipts(self) -> list[Receipt | UnreadableReceipt]: ...
+    def head(self) -> tuple[int, str] | None: ...
+    def reserve_new(
+        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
+    ) -> tuple[Event, ...] | None:
+        """``insert_effect(record)`` and, only if it inserted, ``insert_events(events)``: the
+        stored events, or ``None`` (nothing written) when the key has a record. ``last``:
+        nothing follows when it inserts, so a backend may commit with this statement (when it
+        does not insert it wrote nothing, and later statements run in a new transaction)."""
+        ...
+
+    def finish_and_advance(
+        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
+    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
+        """``finish_effect(expected, record)`` and ``insert_events_and_advance_head(events)``,
+        whether or not the first matched: its answer, the stored events and the new head."""
+        ...
+
+
+class TxSteps:
+    """The combined row operations written with the simple ones; a backend that can do one in
+    a single statement overrides it.
+
+    ``returning``: whether event inserts must hand back the stored events (with their ids); when
+    False they may answer ``()`` (the caller has no use for them: no event sink).
+    """
+
+    returning = True
+
+    def reserve_new(
+        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
+    ) -> tuple[Event, ...] | None:
+        tx: Any = self
+        if not tx.insert_effect(record):
+            return None
+        return tx.insert_events(events) if events else ()
+
+    def finish_and_advance(
+        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
+    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
+        tx: Any = self
+        finished = tx.finish_effect(expected, record)
+        return (finished, *tx.insert_events_and_advance_head(events))
