@@ -238,7 +238,7 @@ def _single(key: str, operand: Any) -> Policy:
     return Policy.from_yaml(_dump(doc, None))
 
 
-def _holds(policy: Policy, **arguments: Any) -> bool:
+def _holds(policy: Policy, /, **arguments: Any) -> bool:
     return policy.evaluate(Action("a", arguments, Principal("agent"))).decision is Decision.ALLOW
 
 

@@ -119,38 +119,28 @@ class Statements:
         data-modifying CTE, and returns it as one more row flagged ``1`` in a first column
         (event rows carry ``0``).
         """
-        key = (rows, advance_head)
-        statement = self._events_sql.get(key)
-        if statement is None:
+        def build() -> str:
             head, row, tail = self._insert_events
             insert = head + ", ".join([row] * rows) + tail
-            if advance_head:
-                assert self.combines
-                columns = ", ".join(EVENT_COLUMNS)
-                nulls = ", ".join(["NULL"] * (len(EVENT_COLUMNS) - 1))
-                insert = (
-                    f"WITH added AS ({insert}), "
-                    "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
-                    "RETURNING seq, hash) "
-                    f"SELECT 0, event_id, {columns} FROM added "
-                    f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved"
-                )
-            statement = self._sql(insert)
-            if rows <= 16:
-                self._events_sql[key] = statement
-        return statement
+            if not advance_head:
+                return insert
+            assert self.combines
+            columns = ", ".join(EVENT_COLUMNS)
+            nulls = ", ".join(["NULL"] * (len(EVENT_COLUMNS) - 1))
+            return (
+                f"WITH added AS ({insert}), "
+                "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
+                "RETURNING seq, hash) "
+                f"SELECT 0, event_id, {columns} FROM added "
+                f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved"
+            )
 
+        return self._cached(("returning", advance_head), rows, build)
 
     def insert_events_plain(self, rows: int) -> str:
         """``INSERT`` of ``rows`` events in one statement, returning nothing."""
-        key = ("plain", rows)
-        statement = self._events_sql.get(key)
-        if statement is None:
-            head, row, _ = self._insert_events
-            statement = self._sql(head + ", ".join([row] * rows))
-            if rows <= 16:
-                self._events_sql[key] = statement
-        return statement
+        head, row, _ = self._insert_events
+        return self._cached(("plain",), rows, lambda: head + ", ".join([row] * rows))
 
     def reserve_new(self, rows: int) -> str:
         """Postgres: the effect inserted and, only if it was, ``rows`` events, in one statement.
@@ -158,45 +148,47 @@ class Statements:
         Returns a row ``(1, NULL…)`` when the effect was inserted and ``(0, event_id, columns…)``
         per event.
         """
-        return self._combined(("reserve", rows))
+        return self._cached(("reserve",), rows, lambda: self._combined("reserve", rows))
 
     def finish_and_advance(self, rows: int) -> str:
         """Postgres: the outcome's compare-and-set, ``rows`` events and the chain head moved, in
         one statement. Returns ``(0, event_id, columns…)`` per event, ``(1, seq, hash, NULL…)``
         for the head and ``(2, NULL…)`` when the compare-and-set matched."""
-        return self._combined(("finish", rows))
+        return self._cached(("finish",), rows, lambda: self._combined("finish", rows))
 
-    def _combined(self, key: tuple[str, int]) -> str:
-        statement = self._events_sql.get(key)
-        if statement is not None:
-            return statement
+    def _combined(self, kind: str, rows: int) -> str:
         assert self.combines
-        kind, rows = key
         columns = ", ".join(EVENT_COLUMNS)
         nulls = ", ".join(["NULL"] * (len(EVENT_COLUMNS) - 1))
         values = ", ".join([f"({_marks(len(EVENT_COLUMNS))})"] * rows)
         returning = f"RETURNING event_id, {columns}"
         if kind == "reserve":
-            text = (
+            return (
                 f"WITH reserved AS ({self._insert_effect} RETURNING 1), "
                 f"added AS (INSERT INTO {{p}}events ({columns}) SELECT * FROM (VALUES {values}) "
                 f"AS v ({columns}) WHERE EXISTS (SELECT 1 FROM reserved) {returning}) "
                 f"SELECT 0, event_id, {columns} FROM added "
                 f"UNION ALL SELECT 1, NULL, NULL, {nulls} FROM reserved"
             )
-        else:
-            text = (
-                f"WITH finished AS ({self._finish_effect} RETURNING 1), "
-                f"added AS (INSERT INTO {{p}}events ({columns}) VALUES {values} {returning}), "
-                "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
-                "RETURNING seq, hash) "
-                f"SELECT 0, event_id, {columns} FROM added "
-                f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved "
-                f"UNION ALL SELECT 2, NULL, NULL, {nulls} FROM finished"
-            )
-        statement = self._sql(text)
-        if rows <= 16:
-            self._events_sql[key] = statement
+        return (
+            f"WITH finished AS ({self._finish_effect} RETURNING 1), "
+            f"added AS (INSERT INTO {{p}}events ({columns}) VALUES {values} {returning}), "
+            "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
+            "RETURNING seq, hash) "
+            f"SELECT 0, event_id, {columns} FROM added "
+            f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved "
+            f"UNION ALL SELECT 2, NULL, NULL, {nulls} FROM finished"
+        )
+
+    def _cached(self, kind: tuple[Any, ...], rows: int, build: Callable[[], str]) -> str:
+        """The statement of ``kind`` for ``rows`` events: built once (with ``?`` turned into the
+        driver's mark), kept for the small batches a call sends."""
+        key = (*kind, rows)
+        statement = self._events_sql.get(key)
+        if statement is None:
+            statement = self._sql(build())
+            if rows <= 16:
+                self._events_sql[key] = statement
         return statement
 
 
