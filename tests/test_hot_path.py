@@ -1,5 +1,5 @@
 """The allow path's cost in statements, and the shortcuts that keep it small doing what the long
-way did. Statements are counted from the engine's own events; nothing here is timed."""
+way did. Statements are counted by the store's own trace hook; nothing here is timed."""
 
 from __future__ import annotations
 
@@ -37,37 +37,29 @@ actions:
 
 
 class SQLLog:
-    """Every statement (by its first word) and every COMMIT/ROLLBACK an engine sends."""
+    """Every statement (by its first word) and every COMMIT/ROLLBACK a SQL store sends, from the
+    store's own ``trace`` hook: one call per message, whose statements ``"; "`` separates."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, store: Any) -> None:
+        self.store = store
         self.statements: list[str] = []
         self.ends: list[str] = []
+        self.messages = 0
 
     def __enter__(self) -> SQLLog:
-        from sqlalchemy import event
-
-        event.listen(self.engine, "before_cursor_execute", self._statement)
-        event.listen(self.engine, "commit", self._commit)
-        event.listen(self.engine, "rollback", self._rollback)
+        self.store.trace = self._sent
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from sqlalchemy import event
+        self.store.trace = None
 
-        event.remove(self.engine, "before_cursor_execute", self._statement)
-        event.remove(self.engine, "commit", self._commit)
-        event.remove(self.engine, "rollback", self._rollback)
-
-    def _statement(self, conn, cursor, statement, parameters, context, executemany) -> None:
-        self.statements.append(statement)
-
-    def _commit(self, conn) -> None:
-        self.ends.append("COMMIT")
-
-    def _rollback(self, conn) -> None:
-        if conn.in_transaction():
-            self.ends.append("ROLLBACK")
+    def _sent(self, text: str, parameters: Any) -> None:
+        self.messages += 1
+        for part in text.split("; "):
+            if part in ("COMMIT", "ROLLBACK"):
+                self.ends.append(part)
+            else:
+                self.statements.append(part)
 
     def verbs(self) -> Counter[str]:
         return Counter(s.lstrip().split(None, 1)[0].upper() for s in self.statements)
@@ -85,17 +77,17 @@ def allowed_calls(store: Any, clock: Any) -> Any:
     return refund, runs
 
 
-def count_one_allowed_call(store: Any, clock: Any) -> tuple[Counter[str], list[str], int]:
+def count_one_allowed_call(store: Any, clock: Any) -> tuple[Counter[str], list[str], int, int]:
     refund, runs = allowed_calls(store, clock)
     with context(agent="agent-1"):
         refund(payment_id="warm", amount=100)  # the first call of a process imports things
         before = store.transactions
-        with SQLLog(store.engine) as log:
+        with SQLLog(store) as log:
             assert refund(payment_id="txn_1", amount=100) == {"id": "re_txn_1", "amount": 100}
     assert runs == ["warm", "txn_1"]
     assert store.get_effect("refund:txn_1").state is EffectState.COMMITTED
     assert verify_chain(store).ok and store.chain_head()[0] == 2
-    return log.verbs(), log.ends, store.transactions - before
+    return log.verbs(), log.ends, store.transactions - before, log.messages
 
 
 # --------------------------------------------------------------------------- statements per call
@@ -106,7 +98,7 @@ def test_allowed_call_on_sqlite_sends_nine_statements_in_two_transactions(tmp_pa
     effect (compare-and-set), INSERT events, UPDATE head, INSERT receipt, UPDATE head hash."""
     store = SQLiteStateStore(tmp_path / "state.db", clock=clock)
     try:
-        verbs, ends, transactions = count_one_allowed_call(store, clock)
+        verbs, ends, transactions, messages = count_one_allowed_call(store, clock)
     finally:
         store.close()
     assert transactions == 2 and ends == ["COMMIT", "COMMIT"]
@@ -135,7 +127,7 @@ def test_events_come_back_with_ids_only_for_sinks(tmp_path, clock):
             def refund(payment_id: str, amount: int) -> str:
                 return "ok"
 
-            with context(agent="agent-1"), SQLLog(store.engine) as log:
+            with context(agent="agent-1"), SQLLog(store) as log:
                 refund(payment_id=f"txn_{len(sinks)}", amount=100)
             inserts = [s for s in log.statements if "INSERT INTO events" in s]
             assert len(inserts) == 2
@@ -158,18 +150,19 @@ def test_allowed_call_on_postgres_sends_five_statements_in_two_transactions(
 
     store = PostgresStateStore(pg_url, schema=pg_schema, clock=clock)
     try:
-        verbs, ends, transactions = count_one_allowed_call(store, clock)
+        verbs, ends, transactions, messages = count_one_allowed_call(store, clock)
     finally:
         store.close()
     assert transactions == 2 and ends == ["COMMIT", "COMMIT"]
     assert verbs == {"BEGIN": 2, "WITH": 3}
+    assert messages == 3  # BEGIN and COMMIT ride with the statements
 
 
 def test_refused_start_reads_the_record_only_after_the_insert_conflicts(tmp_path, clock):
     store = SQLiteStateStore(tmp_path / "state.db", clock=clock)
     try:
         store.start_attempt(action_id="a1", effect_key="k", lease=LEASE)
-        with SQLLog(store.engine) as log:
+        with SQLLog(store) as log:
             with pytest.raises(DuplicateEffect) as info:
                 store.start_attempt(
                     action_id="a2", effect_key="k", lease=LEASE, events=lambda a, r: [make_event()]

@@ -431,27 +431,21 @@ def test_approval_refusal_wins_a_race_on_the_key(pg_url, pg_schema, clock, monke
 class FaultyCommit:
     """Wraps one write transaction so its COMMIT fails in a chosen way."""
 
-    def __init__(self, store, conn, how: str, url: str) -> None:
-        self.transaction = PostgresStateStore._begin_write(store, conn)
-        self.conn, self.how, self.url = conn, how, url
-        if hasattr(self.transaction, "run"):  # a transaction on the driver: its statements too
-            self.run = self.transaction.run
+    def __init__(self, store, dbapi, cursor, how: str, url: str) -> None:
+        self.transaction = PostgresStateStore._begin_write(store, dbapi, cursor)
+        self.how, self.url = how, url
 
-    @property
-    def is_active(self) -> bool:
-        return self.transaction.is_active
+    def __getattr__(self, name):  # run, run_and_commit, committing, fused, ...
+        return getattr(self.transaction, name)
 
     def commit(self) -> None:
         import psycopg
-        from sqlalchemy.exc import OperationalError
 
         if self.how == "reply_lost":  # committed, but the answer never arrived
             self.transaction.commit()
-            raise OperationalError(
-                "COMMIT", {}, psycopg.OperationalError("server closed the connection")
-            )
+            raise psycopg.OperationalError("server closed the connection")
         if self.how == "terminated":  # the server goes away right before COMMIT
-            pid = self.conn.connection.dbapi_connection.info.backend_pid
+            pid = self.transaction.dbapi.info.backend_pid
             admin(self.url, "SELECT pg_terminate_backend(%s)", pid)
             self.transaction.commit()
             raise AssertionError("COMMIT on a terminated connection succeeded")
@@ -461,23 +455,22 @@ class FaultyCommit:
                 "serialization": psycopg.errors.SerializationFailure,
                 "deadlock": psycopg.errors.DeadlockDetected,
             }[self.how]
-            raise OperationalError("COMMIT", {}, error("could not serialize"))
+            raise error("could not serialize")
         raise AssertionError(self.how)
 
     def rollback(self) -> None:
-        if self.transaction.is_active:
-            self.transaction.rollback()
+        self.transaction.rollback()
 
 
 def fail_next_commit(monkeypatch, store, how: str, url: str) -> list[int]:
     """Make the next write's COMMIT fail; later writes are normal again."""
     used: list[int] = []
 
-    def begin(conn):
+    def begin(dbapi, cursor):
         if used:
-            return PostgresStateStore._begin_write(store, conn)
+            return PostgresStateStore._begin_write(store, dbapi, cursor)
         used.append(1)
-        return FaultyCommit(store, conn, how, url)
+        return FaultyCommit(store, dbapi, cursor, how, url)
 
     monkeypatch.setattr(store, "_begin_write", begin)
     return used
@@ -546,14 +539,13 @@ def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, 
 
 
 def spy_messages(monkeypatch, store, fault=None) -> list[str]:
-    """Record every message the store's direct write transactions send; ``fault(cursor, message,
-    params)`` may stand in for sending one on the real cursor."""
+    """Record every message the store's data path sends; ``fault(cursor, message, params)`` may
+    stand in for sending one on the real cursor."""
     messages: list[str] = []
-    real = store._direct_write
+    real = store._cursor
 
-    def direct(dbapi):
-        transaction = real(dbapi)
-        cursor = transaction.cursor
+    def spying(dbapi):
+        cursor = real(dbapi)
 
         class Spy:
             def __getattr__(self, name):
@@ -565,10 +557,10 @@ def spy_messages(monkeypatch, store, fault=None) -> list[str]:
                     return fault(cursor, query, params)
                 return cursor.execute(query, params)
 
-        transaction.cursor = Spy()
-        return transaction
+        return Spy()
 
-    monkeypatch.setattr(store, "_direct_write", direct)
+    monkeypatch.setattr(store, "_cursor", spying)
+    store._local.driver = None  # the next write takes a cursor from _cursor
     return messages
 
 
@@ -590,7 +582,7 @@ def test_allowed_call_is_three_messages(pg, clock, monkeypatch):
     assert pg.transactions - before == 2
     assert [(m.split(" AS ")[0], m.endswith("; COMMIT")) for m in messages] == [
         ("BEGIN; WITH reserved", True),
-        ("BEGIN; WITH finished", False),
+        ("BEGIN; WITH added", False),  # with the outcome and the head: see finish_and_advance
         ("WITH placed", True),
     ]
     assert pg.get_effect("refund:txn_1").state is EffectState.COMMITTED
@@ -660,8 +652,8 @@ def test_statement_failing_before_the_commit_it_carries_is_not_ambiguous(pg, mon
 
 @needs_server
 def test_a_write_that_starts_with_an_approval_keeps_it_in_the_transaction(pg, clock, monkeypatch):
-    """An approval consumed without a key (SQLAlchemy Core statements first): BEGIN is sent before
-    them, so when the events' insert fails the consumption is rolled back with it."""
+    """An approval consumed without a key: BEGIN travels with the first statement like every
+    other, so when the events' insert fails the consumption is rolled back with it."""
     action = make_action()
     request = granted_request(pg, clock, action)
 
@@ -676,7 +668,7 @@ def test_a_write_that_starts_with_an_approval_keeps_it_in_the_transaction(pg, cl
             action_id=action.action_id, effect_key=None, approval_id=request.request_id,
             action_hash=action.action_hash, events=lambda approval, reservation: [make_event()],
         )  # fmt: skip
-    assert messages[0] == "BEGIN"
+    assert messages[0].startswith("BEGIN; SELECT")
     monkeypatch.undo()
     assert pg.get_approval(request.request_id).status is ApprovalStatus.GRANTED
     assert pg.events() == ()

@@ -335,18 +335,20 @@ def test_lost_commit_is_ambiguous_write(db, clock, monkeypatch):
     class LostCommit:
         def __init__(self, transaction):
             self.transaction = transaction
-            if hasattr(transaction, "run"):  # a transaction on the driver: its statements too
-                self.run = transaction.run
+
+        def __getattr__(self, name):  # run, committing, ...
+            return getattr(self.transaction, name)
 
         def commit(self):
             self.rollback()
-            raise OperationalError("COMMIT", {}, sqlite3.OperationalError("disk I/O error"))
+            raise sqlite3.OperationalError("disk I/O error")
 
         def rollback(self):
-            if self.transaction.is_active:
-                self.transaction.rollback()
+            self.transaction.rollback()
 
-    monkeypatch.setattr(store, "_begin_write", lambda conn: LostCommit(real_begin(conn)))
+    monkeypatch.setattr(
+        store, "_begin_write", lambda dbapi, cursor: LostCommit(real_begin(dbapi, cursor))
+    )
     with pytest.raises(AmbiguousWrite, match="outcome is unknown"):
         store.reserve_effect("k", "a1")
     store.close()

@@ -25,8 +25,21 @@ def format_ts(moment: datetime) -> str:
     )  # fmt: skip
 
 
+_last_precise: tuple[object, str] = (None, "")  # the last moment formatted, and its text
+
+
 def format_precise(moment: datetime) -> str:
     """UTC ISO-8601 at full (microsecond) precision, for exact storage round trips."""
+    global _last_precise
+    last = _last_precise
+    if moment is last[0]:  # one write stamps several columns with the same moment
+        return last[1]
+    text = _format_precise(moment)
+    _last_precise = (moment, text)  # one reference swapped: a thread sees one pair or another
+    return text
+
+
+def _format_precise(moment: datetime) -> str:
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
     # isoformat(timespec="microseconds"), spelled out as format_ts is

@@ -125,7 +125,7 @@ def freeze(value: Any) -> Any:
     kind = type(value)
     if kind is str or kind is int or kind is bool or value is None:
         return value
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         return MappingProxyType({key: freeze(item) for key, item in value.items()})
     if isinstance(value, (list, tuple)):
         return tuple(freeze(item) for item in value)
@@ -204,6 +204,13 @@ def _plain_checked(value: Any) -> Any:
     raise _Unplain
 
 
+_json_str = json.encoder.encode_basestring  # a str as JSON text, non-ASCII kept (as the encoders)
+
+
+def _json_opt(value: str | None) -> str:
+    return "null" if value is None else _json_str(value)
+
+
 # what json.dumps(..., sort_keys=True, separators=(",", ":"), ensure_ascii=False,
 # allow_nan=False) builds on every call, built once
 _CANONICAL_JSON = json.JSONEncoder(
@@ -232,6 +239,8 @@ def canonical_bytes(obj: Any) -> bytes:
 def _require_text(value: Any, what: str, *, optional: bool = False) -> None:
     if value is None and optional:
         return
+    if type(value) is str and value and value.isascii():
+        return  # ASCII text: nothing to refuse
     if not isinstance(value, str) or value == "":
         kind = "a non-empty string or None" if optional else "a non-empty string"
         raise InvalidArgument(f"{what} must be {kind}, got {value!r}")
@@ -283,6 +292,9 @@ class Principal:
         }
 
 
+_FLAT = frozenset((str, int, bool, type(None)))  # exact types the JSON round trip keeps as they are
+
+
 def _plain_copy(value: Any) -> Any:
     """A deep copy of parsed JSON (dicts, lists and atoms): what parsing it again would give."""
     if type(value) is dict:
@@ -305,14 +317,15 @@ class Action:
     _canonical: bytes = field(default=b"", repr=False, compare=False)
     _hash: str = field(default="", repr=False, compare=False)
     _parsed: Any = field(default=None, init=False, repr=False, compare=False)
+    _arguments_json: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require_text(self.name, "action name")
         _require_text(self.environment, "action environment")
         _require_text(self.resource, "action resource", optional=True)
-        if not isinstance(self.principal, Principal):
+        if type(self.principal) is not Principal and not isinstance(self.principal, Principal):
             raise InvalidArgument(f"action {self.name!r}: principal must be a Principal")
-        if not isinstance(self.arguments, Mapping):
+        if type(self.arguments) is not dict and not isinstance(self.arguments, Mapping):
             raise InvalidArgument(
                 f"action {self.name!r}: arguments must be a mapping, "
                 f"got {type(self.arguments).__name__}"
@@ -321,15 +334,18 @@ class Action:
             raise InvalidArgument(f"action {self.name!r}: action_id must be a non-empty string")
         check_value(self.arguments, "arguments")
         object.__setattr__(self, "arguments", freeze(self.arguments))
-        document = {  # only the arguments are not plain already (the rest: checked text)
-            "arguments": _plain(self.arguments),
-            "environment": self.environment,
-            "name": self.name,
-            "principal": {"agent": self.principal.agent, "user": self.principal.user},
-            "resource": self.resource,
-            "schema": ACTION_SCHEMA,
-        }
-        canonical = _CANONICAL_JSON.encode(document).encode("utf-8")
+        # The canonical document, keys sorted: {"arguments", "environment", "name", "principal":
+        # {"agent", "user"}, "resource", "schema"}, written around the arguments' own canonical
+        # text (which the receipt reuses); every string is checked text.
+        arguments = _CANONICAL_JSON.encode(_plain(self.arguments))
+        principal = self.principal
+        canonical = (
+            '{"arguments":' + arguments + ',"environment":' + _json_str(self.environment)
+            + ',"name":' + _json_str(self.name) + ',"principal":{"agent":'
+            + _json_str(principal.agent) + ',"user":' + _json_opt(principal.user)
+            + '},"resource":' + _json_opt(self.resource) + ',"schema":"' + ACTION_SCHEMA + '"}'
+        ).encode("utf-8")
+        object.__setattr__(self, "_arguments_json", arguments)
         object.__setattr__(self, "_canonical", canonical)
         object.__setattr__(self, "_hash", sha256_hex(canonical))
 
@@ -355,7 +371,13 @@ class Action:
         """The canonical arguments parsed once and shared: read them, never change them."""
         parsed = self._parsed
         if parsed is None:
-            parsed = json.loads(self._canonical)["arguments"]
+            arguments = self.arguments
+            for value in arguments.values():
+                if type(value) not in _FLAT:
+                    parsed = json.loads(self._canonical)["arguments"]
+                    break
+            else:  # flat: parsing the canonical form gives the same values, keys sorted
+                parsed = {key: arguments[key] for key in sorted(arguments)}
             object.__setattr__(self, "_parsed", parsed)
         return parsed
 

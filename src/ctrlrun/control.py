@@ -12,6 +12,7 @@ from typing import Any, Literal
 from . import _ambient
 from ._attempt import Attempt, describe, fan_out, storable
 from ._steps import Steps, call, drive, drive_async, run_function
+from ._straight import Straight
 from ._time import Clock, format_ts, utc_now
 from .action import Action, Principal
 from .approvals import DEFAULT_APPROVAL_TTL, ApprovalProvider, LocalApprovalProvider
@@ -127,6 +128,7 @@ class Control:
         self._approvals = approvals if approvals is not None else LocalApprovalProvider(
             store, clock=clock
         )
+        self._straight = Straight(self)
 
     # -- construction from files ---------------------------------------------------------
 
@@ -176,7 +178,14 @@ class Control:
                 )
         else:
             hint = _ambient.current_hint()
-            principal = Principal(*hint) if hint else None
+            principal = None
+            if hint:
+                principal = _PRINCIPALS.get(hint)
+                if principal is None:  # a Principal is immutable: one per context is shared
+                    principal = Principal(*hint)
+                    if len(_PRINCIPALS) > 1024:
+                        _PRINCIPALS.clear()
+                    _PRINCIPALS[hint] = principal
         if principal is None:
             log.warning("action %r has no principal; wrap the call in ctrlrun.context()", action_name)
             raise ActionDenied(
@@ -224,6 +233,14 @@ class Control:
         worker thread, so the loop never waits on a lock."""
         return await drive_async(self.pipeline(action, executor, effect_key, **settings))
 
+    def straight(
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
+    ) -> tuple[Any, Evaluation | None]:
+        """Run an allowed call without the pipeline's steps: ``(value, None)``, or
+        ``(GIVE_WAY, evaluation)`` when it must take the pipeline (``@protect`` then drives it)."""
+        options = self._options(action, effect_key, **settings)
+        return self._straight.run(action, executor, options.effect_key, options)
+
     def refuse_effect_key(self, action: Action, error: Exception) -> Steps[None]:
         """Record an effect key that cannot be rendered (refused before policy: a denied receipt).
 
@@ -238,12 +255,14 @@ class Control:
     # -- the pipeline ----------------------------------------------------------------------
 
     def pipeline(
-        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
-    ) -> Steps[tuple[Any, Receipt]]:
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None,
+        *, evaluation: Evaluation | None = None, **settings: Any,
+    ) -> Steps[tuple[Any, Receipt]]:  # fmt: skip
         """normalize → decide → approve → reserve → execute → resolve → record.
 
         A generator yielding the work it needs done (see ``ctrlrun._steps``); it returns the
-        executor's value and the terminal receipt, or raises the refusal.
+        executor's value and the terminal receipt, or raises the refusal. ``evaluation`` is the
+        policy's decision when the caller has it already (the straight path that gave way).
         """
         options = self._options(action, effect_key, **settings)
         approval_id = _ambient.presented_approval()
@@ -253,7 +272,8 @@ class Control:
         attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
 
         # decide
-        evaluation = self._policy.evaluate(action)
+        if evaluation is None:
+            evaluation = self._policy.evaluate(action)
         attempt.decision = str(evaluation.decision)
         attempt.reason = evaluation.reason
         attempt.controls = tuple(evaluation.controls)
@@ -406,23 +426,26 @@ class Control:
         with _ambient.holding_effect(key, number):
             try:
                 value = yield run_function(executor)
-            except NotExecuted as exc:
-                error = storable(str(exc) or describe(exc))
-                yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
-                raise
             except BaseException as exc:
-                error = describe(exc)
-                wrote = yield from self._finish(
-                    attempt, EffectState.AMBIGUOUS, None, error, "raised " + type(exc).__name__,
-                    reraise_store=isinstance(exc, Exception),
-                )  # fmt: skip
-                if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and key:
-                    yield from self._reconcile(attempt, options, "eager")
-                    if attempt.pending:
-                        yield from self._record(attempt, None)
+                yield from self._raised(attempt, options, exc)
                 raise
         receipt = yield from self._finish(attempt, EffectState.COMMITTED, value, None, "returned")
         return value, receipt
+
+    def _raised(self, attempt: Attempt, options: _Options, exc: BaseException) -> Steps[None]:
+        """Record what a function that raised leaves behind; the caller re-raises ``exc``."""
+        if isinstance(exc, NotExecuted):
+            error = storable(str(exc) or describe(exc))
+            yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
+            return
+        wrote = yield from self._finish(
+            attempt, EffectState.AMBIGUOUS, None, describe(exc), "raised " + type(exc).__name__,
+            reraise_store=isinstance(exc, Exception),
+        )  # fmt: skip
+        if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key:
+            yield from self._reconcile(attempt, options, "eager")
+            if attempt.pending:
+                yield from self._record(attempt, None)
 
     def _finish(self, attempt: Attempt, outcome: EffectState, value: Any, error: str | None,
                 did: str, *, reraise_store: bool = True) -> Steps[Receipt | None]:  # fmt: skip
@@ -449,17 +472,19 @@ class Control:
         except (AmbiguousEffect, DuplicateEffect, InvalidArgument) as refusal:
             if not attempt.effect_key:
                 raise
-            message = storable(
-                f"the function {did}, but its outcome could not be recorded: {refusal}"
-            )
             attempt.pending.clear()
-            attempt.event(EventType.EXECUTION_AMBIGUOUS, error=message)
-            yield from self._record(attempt, attempt.receipt("ambiguous", message))
+            yield from self._unrecorded(attempt, did, refusal)
             if reraise_store:
                 raise refusal from None
             return None
         fan_out(self._sinks, events, stored)
-        return stored
+        return stored  # type: ignore[return-value]
+
+    def _unrecorded(self, attempt: Attempt, did: str, refusal: CTRLRunError) -> Steps[None]:
+        """The store refused the outcome of a function that ran: record it ambiguous."""
+        message = storable(f"the function {did}, but its outcome could not be recorded: {refusal}")
+        attempt.event(EventType.EXECUTION_AMBIGUOUS, error=message)
+        yield from self._record(attempt, attempt.receipt("ambiguous", message))
 
     # -- refusals --------------------------------------------------------------------------
 
@@ -567,6 +592,8 @@ class Control:
         record = yield call(self._store.get_effect, effect_key)
         return record.attempt if record is not None else 1
 
+
+_PRINCIPALS: dict[tuple[str, str | None], Principal] = {}
 
 _BEFORE_START = frozenset(
     {

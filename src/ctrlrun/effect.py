@@ -54,6 +54,7 @@ class EffectState(StrEnum):
 
 
 _LEASED = frozenset({EffectState.RESERVED, EffectState.EXECUTING})
+_EXECUTING = frozenset({EffectState.EXECUTING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,8 @@ class EffectRecord:
     resolved_by: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "state", EffectState(self.state))
+        if type(self.state) is not EffectState:
+            object.__setattr__(self, "state", EffectState(self.state))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,14 +233,13 @@ def check_commit(
     record: EffectRecord | None, effect_key: str, action_id: str, result: Any, now: datetime
 ) -> EffectRecord:
     """``executing`` under ``action_id`` → ``committed`` with the (storable) result."""
-    held = _holder(record, effect_key, action_id, now, frozenset({EffectState.EXECUTING}), "commit")
-    return replace(
-        held,
-        state=EffectState.COMMITTED,
-        updated_at=now,
-        lease_expires_at=None,
-        result=storable_result(result),
-    )
+    held = _holder(record, effect_key, action_id, now, _EXECUTING, "commit")
+    # replace(held, state=COMMITTED, updated_at=now, lease_expires_at=None, result=...) spelled
+    # out: it runs on every allowed call
+    return EffectRecord(
+        held.effect_key, EffectState.COMMITTED, held.action_id, held.attempt, held.created_at,
+        now, None, storable_result(result), held.error, held.resolved_by,
+    )  # fmt: skip
 
 
 def check_fail(

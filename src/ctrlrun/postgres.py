@@ -39,7 +39,7 @@ from .store.schema import (
     read_schema,
     running_version,
 )
-from .store.sql import SQLStateStore, DirectWrite
+from .store.sql import SQLStateStore
 
 __all__ = ["PostgresStateStore", "clock_skew", "split_store_url"]
 
@@ -171,7 +171,10 @@ class PostgresStateStore(SQLStateStore):
             isolation_level="AUTOCOMMIT",
         ).execution_options(schema_translate_map={None: schema})
         super().__init__(engine, clock=clock)
+        self._unique_error = psycopg.errors.UniqueViolation
         self._open_or_close(migrate)
+
+    FUSED = True  # BEGIN and COMMIT ride with the statements
 
     @property
     def schema(self) -> str:
@@ -200,11 +203,9 @@ class PostgresStateStore(SQLStateStore):
             self._conninfo, autocommit=True, prepare_threshold=None, **extra
         )
 
-    def _direct_write(self, dbapi: Any) -> Any:
+    def _cursor(self, dbapi: Any) -> Any:
         # client-side binding, so BEGIN and COMMIT travel with statements (one message each)
-        cursor = self._psycopg.ClientCursor(dbapi)
-        unique = self._psycopg.errors.UniqueViolation
-        return DirectWrite(dbapi, cursor, self.BEGIN_WRITE, fused=True, unique_error=unique)
+        return self._psycopg.ClientCursor(dbapi)
 
     def _failed_first(self, transaction: Any) -> bool:
         # a statement failed and the COMMIT after it in the message never ran

@@ -16,6 +16,7 @@ from ._default import cached_control, default_control
 from ._steps import Steps, drive, drive_async
 from ._steps import call as blocking
 from .action import Action
+from ._straight import GIVE_WAY
 from .control import Control, Reconcile
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
 from .policy import render_effect_key, render_resource, template_placeholders
@@ -93,6 +94,16 @@ class _Protected:
         self.positional_only = tuple(
             p.name for p in signature.parameters.values() if p.kind is p.POSITIONAL_ONLY
         )
+        parameters = signature.parameters.values()
+        self._names = tuple(p.name for p in parameters)
+        self._name_set = frozenset(self._names)
+        self._positional = tuple(
+            p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD
+        )
+        self._defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
+        # keyword-only and positional-or-keyword parameters only: bound by hand (see bind)
+        self._by_hand = not self.positional_only
+        self._templates: tuple[Control, tuple[str | None, str | None]] | None = None
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
 
@@ -134,13 +145,33 @@ class _Protected:
             )
         return True
 
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name, in the signature's order, defaults applied: what
+        ``signature.bind`` + ``apply_defaults`` give, without them when the call is plain."""
+        names = self._names
+        if self._by_hand and len(args) <= len(self._positional):
+            given = dict(zip(self._positional, args)) if args else {}
+            if not given.keys() & kwargs.keys():
+                given.update(kwargs)
+                defaults = self._defaults
+                if given.keys() <= self._name_set and all(
+                    n in given or n in defaults for n in names
+                ):
+                    return {n: given[n] if n in given else defaults[n] for n in names}
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
     def prepare(self, control: Control, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Call:
         """Principal, bound arguments, resource, the Action and its effect key; writes nothing."""
         principal = control.resolve_principal(self.name)
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        effect, resource_template = self.templates(control)
+        arguments = self.bind(args, kwargs)
+        cached = self._templates
+        if cached is not None and cached[0] is control:
+            effect, resource_template = cached[1]
+        else:
+            effect, resource_template = self.templates(control)
+            self._templates = (control, (effect, resource_template))
         resource = None
         if resource_template is not None:
             resource = render_resource(resource_template, arguments)
@@ -189,10 +220,10 @@ class _Protected:
                 effect_error = exc
         return call._replace(action=action, effect_key=effect_key, effect_error=effect_error)
 
-    def steps(self, call: _Call) -> Steps[Any]:
+    def steps(self, call: _Call, evaluation: Any = None) -> Steps[Any]:
         """The whole call, sync or async alike; with ``wait=True``, ask a human and go on."""
         try:
-            return (yield from self.attempt(call))
+            return (yield from self.attempt(call, evaluation))
         except ApprovalRequired as required:
             if not self.wait:
                 raise
@@ -204,7 +235,7 @@ class _Protected:
             with _ambient.with_approval(request_id):
                 return (yield from self.attempt(call))
 
-    def attempt(self, call: _Call) -> Steps[Any]:
+    def attempt(self, call: _Call, evaluation: Any = None) -> Steps[Any]:
         """One pass through the Control: a key that cannot be rendered is refused and recorded."""
         if call.effect_error is not None:
             yield from call.control.refuse_effect_key(call.action, call.effect_error)
@@ -213,6 +244,7 @@ class _Protected:
             call.action,
             self.executor(call.action),
             call.effect_key,
+            evaluation=evaluation,
             lease=self.lease,
             reconcile=self.reconcile,
             reconcile_eagerly=self.reconcile_eagerly,
@@ -224,7 +256,17 @@ class _Protected:
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         control = default_control() if self.needs_default() else self.control
-        return drive(self.steps(self.prepare(control, args, kwargs)))
+        call = self.prepare(control, args, kwargs)
+        evaluation = None
+        if call.effect_error is None and self.scope is None:
+            value, evaluation = call.control.straight(
+                call.action, self.executor(call.action), call.effect_key, lease=self.lease,
+                reconcile=self.reconcile, reconcile_eagerly=self.reconcile_eagerly,
+                task=call.task, hop=call.hop,
+            )  # fmt: skip
+            if value is not GIVE_WAY:
+                return value
+        return drive(self.steps(call, evaluation))
 
     async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         control = self.control

@@ -12,7 +12,7 @@ from ..action import action_from_dict, action_to_dict
 from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
 from ..effect import EffectRecord, EffectState
 from ..errors import InvalidArgument
-from ..receipt import Event, Receipt, UnreadableReceipt, _compact
+from ..receipt import Event, EventRow, Receipt, ReceiptDraft, UnreadableReceipt, _compact
 
 __all__ = [
     "approval_from_row",
@@ -59,6 +59,8 @@ def dumps(value: Any, what: str) -> str:
 def _text(value: str | None, what: str) -> str | None:
     if value is None:
         return None
+    if type(value) is str and value.isascii() and "\x00" not in value:
+        return value  # the common case: nothing to refuse
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a string, got {value!r}")
     if not value.isascii():  # ASCII is UTF-8 already
@@ -211,6 +213,50 @@ def event_to_row(event: Event) -> dict[str, Any]:
         "approval_id": _text(event.approval_id, "event approval_id"),
         "data_json": dumps(dict(event.data), f"{event.type.value} event data"),
     }
+
+
+def check_text(value: str | None, what: str) -> None:
+    """Refuse text no store can keep (NUL, a lone surrogate), so no backend keeps more."""
+    _text(value, what)
+
+
+def event_row(event: Event) -> EventRow:
+    """An ``Event`` as the row tuple every store writes (checked, data encoded)."""
+    if not isinstance(event, Event):
+        raise InvalidArgument(f"expected an Event, got {event!r}")
+    return (
+        _text(event.ts, "event ts"),  # type: ignore[return-value]
+        event.type.value,
+        _text(event.action_id, "event action_id"),
+        _text(event.effect_key, "event effect_key"),
+        _text(event.approval_id, "event approval_id"),
+        dumps(dict(event.data), f"{event.type.value} event data"),
+    )
+
+
+def receipt_row(receipt: Receipt, document: dict[str, Any]) -> tuple[Any, ...]:
+    """A placed receipt's row, in the table's column order (see ``receipt_to_row``)."""
+    row = receipt_to_row(receipt, document)
+    return tuple(row[c] for c in RECEIPT_ROW)
+
+
+def draft_row(draft: ReceiptDraft) -> tuple[Any, ...]:
+    """The row of a placed ``ReceiptDraft`` (its values were checked when it was built)."""
+    return (
+        draft.receipt_id,
+        _free_text(draft.action_id, "receipt action_id"),
+        _free_text(draft.effect_key, "receipt effect_key"),
+        draft.result,
+        draft.line,
+        draft.finished_at,
+        int(draft.values["seq"]),
+        draft.values["prev_hash"][1:-1],
+        draft.hash,
+    )
+
+
+RECEIPT_ROW = ("receipt_id", "action_id", "effect_key", "result", "json", "ts", "seq",
+                "prev_hash", "hash")  # fmt: skip
 
 
 def event_from_row(row: Mapping[str, Any]) -> Event:

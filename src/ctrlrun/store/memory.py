@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from .._time import utc_now
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
-from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
+from ..receipt import GENESIS_HASH, Event, EventRow, Receipt, UnreadableReceipt, event_from_row
 from . import codec
 from .ops import StoreOps
 from .rows import KeptWrite, Tx, TxSteps
@@ -26,7 +26,7 @@ Row = dict[str, Any]
 class _Data:
     effects: dict[str, Row] = field(default_factory=dict)
     approvals: dict[str, Row] = field(default_factory=dict)
-    events: list[Row] = field(default_factory=list)
+    events: list[tuple[Any, ...]] = field(default_factory=list)  # (event_id, *row)
     receipts: dict[str, Row] = field(default_factory=dict)
     head: tuple[int, str] | None = (0, GENESIS_HASH)
     next_event_id: int = 1
@@ -39,7 +39,7 @@ class _MemoryTx(TxSteps):
         self._data = data
         self._effects: dict[str, Row] = {}
         self._approvals: dict[str, Row] = {}
-        self._events: list[Row] = []
+        self._events: list[tuple[Any, ...]] = []
         self._receipts: dict[str, Row] = {}
         self._head = data.head
         self._next_event = data.next_event_id
@@ -138,43 +138,36 @@ class _MemoryTx(TxSteps):
         return [codec.approval_from_row(r) for r in rows]
 
     # events
-    def insert_events(self, events: Sequence[Event]) -> tuple[Event, ...]:
-        rows = [codec.event_to_row(event) for event in events]
-        stored = []
-        for event, row in zip(events, rows):
-            row["event_id"] = self._next_event
-            if self.returning:
-                stored.append(codec.stored_event(event, row, self._next_event))
-            self._next_event += 1
-        self._events.extend(rows)
-        return tuple(stored)
+    def insert_events(self, rows: Sequence[EventRow]) -> Sequence[int]:
+        first = self._next_event
+        self._next_event = first + len(rows)
+        ids = range(first, self._next_event)
+        self._events.extend([(i, *row) for i, row in zip(ids, rows)])
+        return ids
 
     def list_events(self) -> list[Event]:
-        return [codec.event_from_row(r) for r in [*self._data.events, *self._events]]
+        return [event_from_row(r[1:], r[0]) for r in [*self._data.events, *self._events]]
 
     # receipts
     def _has_receipt(self, receipt_id: str) -> bool:
         return receipt_id in self._receipts or receipt_id in self._data.receipts
 
     def insert_events_and_advance_head(
-        self, events: Sequence[Event]
-    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
-        stored = self.insert_events(events)
+        self, rows: Sequence[EventRow]
+    ) -> tuple[Sequence[int], tuple[int, str] | None]:
+        ids = self.insert_events(rows)
         if self._head is None:
-            return stored, None
+            return ids, None
         seq, previous = self._head
         self._head = (seq + 1, previous)
-        return stored, self._head
+        return ids, self._head
 
-    def place_receipt(
-        self, receipt: Receipt, document: dict[str, Any], *, last: bool = False
-    ) -> bool:
-        if self._has_receipt(receipt.receipt_id):
+    def place_receipt(self, row: tuple[Any, ...], *, last: bool = False) -> bool:
+        if self._has_receipt(row[0]):
             return False
-        row = codec.receipt_to_row(receipt, document)
-        assert self._head is not None and receipt.hash is not None
-        self._receipts[receipt.receipt_id] = row
-        self._head = (self._head[0], receipt.hash)
+        assert self._head is not None and row[8] is not None
+        self._receipts[row[0]] = dict(zip(codec.RECEIPT_ROW, row))
+        self._head = (self._head[0], row[8])
         return True
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]:

@@ -43,13 +43,14 @@ from ..errors import (
     DuplicateEffect,
     InvalidArgument,
 )
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..receipt import Event, EventRow, Receipt, ReceiptDraft, UnreadableReceipt, event_from_row
+from . import codec
 from .rows import KeptWrite, Tx, TxSteps
 
 __all__ = ["KeptWrite", "StoreOps", "Tx", "TxSteps"]  # the row interface is re-exported
 
 T = TypeVar("T")
-EventsFn = Callable[[Approval | None, Reservation | None], Sequence[Event]]
+EventsFn = Callable[[Approval | None, Reservation | None], Sequence[Event | EventRow]]
 _CONTENDED = 8
 
 
@@ -145,21 +146,21 @@ def _finish_and_record(
     action_id: str,
     decide: Callable[[EffectRecord | None], EffectRecord],
     now: datetime,
-    events: Sequence[Event],
-    receipt: Receipt | None,
-) -> tuple[tuple[Event, ...], Receipt | None]:
+    rows: list[EventRow],
+    receipt: Receipt | ReceiptDraft | None,
+) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
     """The outcome written by compare-and-set (``_transition`` if it does not match), then the
     events and the receipt; with a receipt, the first three go in one step."""
     known, updated = _finishing(effect_key, action_id, decide, now)
     if updated is not None and receipt is not None:
         _check_receipt(receipt)
-        finished, stored, head = tx.finish_and_advance(known, updated, events)
+        finished, ids, head = tx.finish_and_advance(known, updated, rows)
         if not finished:
             _transition(tx, effect_key, decide)
-        return stored, _place_receipt(tx, receipt, head)
+        return _stored(tx, rows, ids), _place_receipt(tx, receipt, head)
     if updated is None or not tx.finish_effect(known, updated):
         _transition(tx, effect_key, decide)
-    return _record(tx, events, receipt)
+    return _record(tx, rows, receipt)
 
 
 def _consumable(
@@ -215,9 +216,10 @@ def _start(
         # events are written outright; only a taken key plans from what is there.
         plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
         assert plan.kind == "insert" and plan.write is not None
-        stored = tx.reserve_new(plan.write, events(None, plan.reservation), last=True)
-        if stored is not None:
-            return None, plan.reservation, stored
+        rows = event_rows(events(None, plan.reservation), action_id, effect_key)
+        ids = tx.reserve_new(plan.write, rows, last=True)
+        if ids is not None:
+            return None, plan.reservation, _stored(tx, rows, ids)
     if effect_key is not None:
         try:
             # With an approval the key is read first (as before), so a race on the key is
@@ -237,25 +239,62 @@ def _start(
             raise
     if record is not None and not tx.update_approval(record, apply_consume(record, now)):
         raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
-    built = events(approval, reservation) if events is not None else ()
-    return approval, reservation, (tx.insert_events(built) if built else ())
+    rows = event_rows(events(approval, reservation), action_id, effect_key, approval_id) if events is not None else []
+    return approval, reservation, (_stored(tx, rows, tx.insert_events(rows)) if rows else ())
+
+
+def event_rows(events: Sequence[Event | EventRow], *checked: str | None) -> list[EventRow]:
+    """Events as the rows a store writes: an ``Event`` is checked and encoded, a row (what the
+    Control builds from values it has checked) is taken as it is, each of its ids checked once
+    unless it is one of ``checked`` (ids the caller has just checked itself)."""
+    rows: list[EventRow] = []
+    seen: set[Any] = {None, *checked}
+    for event in events:
+        if type(event) is tuple:
+            row: EventRow = event
+            for value in (row[2], row[3], row[4]):
+                if value not in seen:
+                    codec.check_text(value, "event id")
+                    seen.add(value)
+        else:
+            row = codec.event_row(event)  # type: ignore[arg-type]
+        rows.append(row)
+    return rows
+
+
+def _stored(tx: Tx, rows: Sequence[EventRow], ids: Sequence[int]) -> tuple[Event, ...]:
+    """The events as stored, made into objects only when the caller asked for them back."""
+    if not tx.returning or not rows:
+        return ()
+    return tuple(map(event_from_row, rows, ids))
 
 
 def _check_receipt(receipt: Any) -> None:
+    if isinstance(receipt, ReceiptDraft):
+        return
     if not isinstance(receipt, Receipt):
         raise InvalidArgument(f"expected a Receipt, got {receipt!r}")
     if not isinstance(receipt.receipt_id, str) or not receipt.receipt_id:
         raise InvalidArgument(f"receipt_id must be a non-empty string, got {receipt.receipt_id!r}")
 
 
-def _place_receipt(tx: Tx, receipt: Receipt, head: tuple[int, str] | None) -> Receipt:
+def _place_receipt(
+    tx: Tx, receipt: Receipt | ReceiptDraft, head: tuple[int, str] | None
+) -> Receipt | ReceiptDraft:
     if head is None:
         raise InvalidArgument(
             "the receipt chain head row is missing, so no receipt can be chained; "
             "the store was altered (run `ctrlrun receipts --verify-chain`)"
         )
-    placed, document = receipt._placed(*head)
-    if not tx.place_receipt(placed, document, last=True):  # every caller returns next
+    placed: Receipt | ReceiptDraft
+    if isinstance(receipt, ReceiptDraft):
+        receipt.place(*head)
+        row = codec.draft_row(receipt)
+        placed = receipt
+    else:
+        placed, document = receipt._placed(*head)
+        row = codec.receipt_row(placed, document)
+    if not tx.place_receipt(row, last=True):  # every caller returns next
         # The id is taken. Raising rolls the whole transaction back on every store: the head
         # moved above stays where it was, and nothing else of this write is kept.
         raise InvalidArgument(
@@ -265,13 +304,13 @@ def _place_receipt(tx: Tx, receipt: Receipt, head: tuple[int, str] | None) -> Re
 
 
 def _record(
-    tx: Tx, events: Sequence[Event], receipt: Receipt | None
-) -> tuple[tuple[Event, ...], Receipt | None]:
+    tx: Tx, rows: list[EventRow], receipt: Receipt | ReceiptDraft | None
+) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
     if receipt is None:
-        return (tx.insert_events(events) if events else ()), None
+        return (_stored(tx, rows, tx.insert_events(rows)) if rows else ()), None
     _check_receipt(receipt)
-    stored, head = tx.insert_events_and_advance_head(events)
-    return stored, _place_receipt(tx, receipt, head)
+    ids, head = tx.insert_events_and_advance_head(rows)
+    return _stored(tx, rows, ids), _place_receipt(tx, receipt, head)
 
 
 def _check_id(value: Any, what: str) -> str:
@@ -279,6 +318,8 @@ def _check_id(value: Any, what: str) -> str:
         raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
     if "\x00" in value:  # no store can keep it (Postgres text refuses NUL), so none looks it up
         raise InvalidArgument(f"{what} holds a NUL character, which no store keeps: {value!r}")
+    if not value.isascii():
+        codec.check_text(value, what)
     return value
 
 
@@ -491,14 +532,16 @@ class StoreOps:
     # -- evidence
 
     def append_event(self, event: Event) -> Event:
-        return self.record(events=(event,))[0][0]
+        if not isinstance(event, Event):
+            raise InvalidArgument(f"expected an Event, got {event!r}")
+        return self._write(_append_one(event))
 
     def events(self) -> tuple[Event, ...]:
         return tuple(self._read(lambda tx, now: tx.list_events()))
 
     def put_receipt(self, receipt: Receipt) -> Receipt:
         stored = self.record(receipt=receipt)[1]
-        assert stored is not None
+        assert isinstance(stored, Receipt)
         return stored
 
     def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]:
@@ -527,6 +570,7 @@ class StoreOps:
             _check_id(approval_id, "approval_id")
             _check_id(action_hash, "action_hash")
         if effect_key is not None:
+            _check_id(effect_key, "effect_key")
             check_reservation_args(effect_key, action_id, lease)
 
         def start(tx: Any, now: datetime) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
@@ -547,46 +591,71 @@ class StoreOps:
         outcome: EffectState | str | None,
         result: Any = None,
         error: str | None = None,
-        events: Sequence[Event] = (),
-        receipt: Receipt | None = None,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
         return_events: bool = True,
-    ) -> tuple[tuple[Event, ...], Receipt | None]:
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
         """Write the outcome, append events, chain the receipt; a refused outcome writes nothing.
-        The events come back stored unless ``return_events`` is False (then ``()``)."""
+        The events come back stored unless ``return_events`` is False (then ``()``); a
+        ``ReceiptDraft`` comes back placed (its ``receipt()`` makes the object)."""
         _check_id(action_id, "action_id")
         target = _effect_state(outcome)
-        checks = {
-            EffectState.COMMITTED: lambda r, now: check_commit(
-                r, effect_key, action_id, result, now
-            ),
-            EffectState.FAILED: lambda r, now: check_fail(r, effect_key, action_id, error, now),
-            EffectState.AMBIGUOUS: lambda r, now: check_mark_ambiguous(
-                r, effect_key, action_id, error, now
-            ),
-        }
         if (target is None) != (effect_key is None):
             raise InvalidArgument(
                 "finish_attempt needs an outcome exactly when it has an effect key"
             )
-        if target is not None and target not in checks:
+        if target is not None and target not in _FINISHES:
             raise InvalidArgument(
                 f"an attempt finishes committed, failed or ambiguous, not {target}"
             )
-        events = tuple(events)
+        if effect_key is not None:
+            _check_id(effect_key, "effect_key")
+        rows = event_rows(events, action_id, effect_key)
 
-        def finish(tx: Any, now: datetime) -> tuple[tuple[Event, ...], Receipt | None]:
+        def finish(
+            tx: Any, now: datetime
+        ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
             tx.returning = return_events
             if target is None:
-                return _record(tx, events, receipt)
+                return _record(tx, rows, receipt)
             assert effect_key is not None
-            decide = lambda r: checks[target](r, now)  # noqa: E731
-            return _finish_and_record(tx, effect_key, action_id, decide, now, events, receipt)
+            check = _FINISHES[target]
+            value = error if target is not EffectState.COMMITTED else result
+            decide = lambda r: check(r, effect_key, action_id, value, now)  # noqa: E731
+            return _finish_and_record(tx, effect_key, action_id, decide, now, rows, receipt)
 
         return self._write(finish)
 
     def record(
-        self, *, events: Sequence[Event] = (), receipt: Receipt | None = None
-    ) -> tuple[tuple[Event, ...], Receipt | None]:
+        self,
+        *,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
+        return_events: bool = True,
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
         """Append events and chain a receipt in one transaction."""
-        events = tuple(events)
-        return self._write(lambda tx, now: _record(tx, events, receipt))
+        rows = event_rows(events)
+
+        def write(tx: Any, now: datetime) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
+            tx.returning = return_events
+            return _record(tx, rows, receipt)
+
+        return self._write(write)
+
+
+_FINISHES: dict[EffectState, Callable[..., EffectRecord]] = {
+    EffectState.COMMITTED: check_commit,
+    EffectState.FAILED: check_fail,
+    EffectState.AMBIGUOUS: check_mark_ambiguous,
+}
+
+
+def _append_one(event: Event) -> Callable[[Tx, datetime], Event]:
+    row = codec.event_row(event)
+
+    def append(tx: Tx, now: datetime) -> Event:
+        tx.returning = True
+        (event_id,) = tx.insert_events([row])
+        return event_from_row(row, event_id)
+
+    return append

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..receipt import Event, EventRow, Receipt, UnreadableReceipt
 
 __all__ = ["KeptWrite", "Tx", "TxSteps"]
 
@@ -49,41 +49,42 @@ class Tx(Protocol):
         lease, result and error (nothing else)."""
         ...
 
-    def insert_events(self, events: Sequence[Event]) -> tuple[Event, ...]: ...
-    def list_events(self) -> list[Event]: ...
-    def insert_events_and_advance_head(
-        self, events: Sequence[Event]
-    ) -> tuple[tuple[Event, ...], tuple[int, str] | None]:
-        """``insert_events(events)`` (none is fine) and the chain head moved to its next seq:
-        the stored events and the new ``(seq, hash of the previous receipt)``, or ``None`` for
-        the head when its row is missing."""
+    def insert_events(self, rows: Sequence[EventRow]) -> Sequence[int]:
+        """Append event rows; their new ids, in order (``()`` when ``returning`` is False)."""
         ...
 
-    def place_receipt(
-        self, receipt: Receipt, document: dict[str, Any], *, last: bool = False
-    ) -> bool:
-        """Insert ``receipt`` (placed: seq, prev_hash, hash set; ``document`` is its
-        ``to_dict()``) and make its hash the chain head's; False, writing neither, when its id
-        is taken. ``last``: nothing follows in this transaction, so a backend may commit with
-        this statement (when it answers False, nothing of the transaction is kept)."""
+    def list_events(self) -> list[Event]: ...
+    def insert_events_and_advance_head(
+        self, rows: Sequence[EventRow]
+    ) -> tuple[Sequence[int], tuple[int, str] | None]:
+        """``insert_events(rows)`` (none is fine) and the chain head moved to its next seq:
+        the ids and the new ``(seq, hash of the previous receipt)``, or ``None`` for the head
+        when its row is missing."""
+        ...
+
+    def place_receipt(self, row: tuple[Any, ...], *, last: bool = False) -> bool:
+        """Insert a placed receipt's row (the table's columns, in order) and make its hash the
+        chain head's; False, writing neither, when its id is taken. ``last``: nothing follows
+        in this transaction, so a backend may commit with this statement (when it answers
+        False, nothing of the transaction is kept)."""
         ...
 
     def list_receipts(self) -> list[Receipt | UnreadableReceipt]: ...
     def head(self) -> tuple[int, str] | None: ...
     def reserve_new(
-        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
-    ) -> tuple[Event, ...] | None:
-        """``insert_effect(record)`` and, only if it inserted, ``insert_events(events)``: the
-        stored events, or ``None`` (nothing written) when the key has a record. ``last``:
-        nothing follows when it inserts, so a backend may commit with this statement (when it
-        does not insert it wrote nothing, and later statements run in a new transaction)."""
+        self, record: EffectRecord, rows: Sequence[EventRow], *, last: bool = False
+    ) -> Sequence[int] | None:
+        """``insert_effect(record)`` and, only if it inserted, ``insert_events(rows)``: their
+        ids, or ``None`` (nothing written) when the key has a record. ``last``: nothing follows
+        when it inserts, so a backend may commit with this statement (when it does not insert
+        it wrote nothing, and later statements run in a new transaction)."""
         ...
 
     def finish_and_advance(
-        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
-    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
-        """``finish_effect(expected, record)`` and ``insert_events_and_advance_head(events)``,
-        whether or not the first matched: its answer, the stored events and the new head."""
+        self, expected: EffectRecord, record: EffectRecord, rows: Sequence[EventRow]
+    ) -> tuple[bool, Sequence[int], tuple[int, str] | None]:
+        """``finish_effect(expected, record)`` and ``insert_events_and_advance_head(rows)``,
+        whether or not the first matched: its answer, the ids and the new head."""
         ...
 
 
@@ -98,16 +99,16 @@ class TxSteps:
     returning = True
 
     def reserve_new(
-        self, record: EffectRecord, events: Sequence[Event], *, last: bool = False
-    ) -> tuple[Event, ...] | None:
+        self, record: EffectRecord, rows: Sequence[EventRow], *, last: bool = False
+    ) -> Sequence[int] | None:
         tx: Any = self
         if not tx.insert_effect(record):
             return None
-        return tx.insert_events(events) if events else ()
+        return tx.insert_events(rows) if rows else ()
 
     def finish_and_advance(
-        self, expected: EffectRecord, record: EffectRecord, events: Sequence[Event]
-    ) -> tuple[bool, tuple[Event, ...], tuple[int, str] | None]:
+        self, expected: EffectRecord, record: EffectRecord, rows: Sequence[EventRow]
+    ) -> tuple[bool, Sequence[int], tuple[int, str] | None]:
         tx: Any = self
         finished = tx.finish_effect(expected, record)
-        return (finished, *tx.insert_events_and_advance_head(events))
+        return (finished, *tx.insert_events_and_advance_head(rows))

@@ -1,12 +1,11 @@
-"""The SQL store shared by dialects: SQLAlchemy Core, compare-and-set, a connection per thread.
+"""The SQL store shared by dialects: compiled statements on the driver, a connection per thread.
 
-The statements of the hot path (an allowed call's *start* and *finish* transactions) are
-written out once per store as plain SQL for its dialect. A write transaction sends them, with
-its ``BEGIN`` and ``COMMIT``, straight to the driver's cursor on the SQLAlchemy connection, unless
-something observes the engine (a statement, commit or rollback listener, or ``echo``): then they
-go through SQLAlchemy (``exec_driver_sql``) so every observer sees them. Either way the driver's
-errors read the same and a lost connection is invalidated. The rest (approvals, listings) stays
-SQLAlchemy Core.
+Every statement of the data path is defined once with SQLAlchemy Core (``statements.py``),
+compiled once per dialect and schema, and sent the same way, always: straight to the driver's
+cursor, with the transaction's ``BEGIN`` and ``COMMIT``. Nothing switches paths at run time;
+``trace`` (a callable taking each message's text and parameters) sees what is sent. Opening a
+store (the schema check, migrations) runs on SQLAlchemy's connection for the same thread, which
+owns the driver connection the data path uses.
 """
 
 from __future__ import annotations
@@ -25,9 +24,10 @@ from .rows import KeptWrite, Tx
 from .sqltx import SQLTx
 from .statements import Statements
 
-__all__ = ["DirectWrite", "SQLStateStore", "SQLTx", "Statements"]
+__all__ = ["SQLStateStore", "SQLTx", "Statements", "Transaction"]
 
 T = TypeVar("T")
+Trace = Callable[[str, Sequence[Any] | None], None]
 
 
 def _schema_of(engine: Engine) -> str | None:
@@ -36,61 +36,56 @@ def _schema_of(engine: Engine) -> str | None:
     return translate.get(None)
 
 
-class DirectWrite:
-    """A write transaction begun and ended on the driver connection, under SQLAlchemy's.
+class Transaction:
+    """One write (``begin`` is its opening statement) or one read (``begin=None``) on the driver.
 
-    ``run`` has ``exec_driver_sql``'s shape and answers with the cursor. With ``fused``, the
-    cursor accepts several statements in one message (psycopg's client-side binding cursor):
-    ``BEGIN`` is not sent alone but in front of the first statement, and ``run_and_commit``
-    sends a statement with the ``COMMIT``, so a transaction costs two round trips fewer.
-    ``committing`` is true while a message carrying ``COMMIT`` is unanswered: an error then
-    leaves the outcome unknown unless the transaction failed before it.
+    ``run`` sends a statement and answers with the cursor. With ``fused``, the cursor takes
+    several statements in one message (psycopg's client-side binding cursor): ``BEGIN`` is not
+    sent alone but in front of the first statement, and ``run_and_commit`` sends a statement
+    with the ``COMMIT``, so a transaction costs two round trips fewer. ``committing`` is true
+    while a message carrying ``COMMIT`` is unanswered: an error then leaves the outcome unknown
+    unless the transaction failed before it.
     """
 
     def __init__(
-        self, dbapi: Any, cursor: Any, begin: str, *, fused: bool = False,
-        unique_error: type[BaseException] | tuple[()] = (),
+        self, dbapi: Any, cursor: Any, begin: str | None, *, fused: bool = False,
+        unique_error: type[BaseException] | tuple[()] = (), trace: Trace | None = None,
     ) -> None:  # fmt: skip
         self.dbapi = dbapi
         self.cursor = cursor
+        self.fused = fused
         self.unique_error = unique_error
         self.committing = False
+        self._trace = trace
         self._begin = begin
         self._open = False  # a transaction is open on the server
-        if fused:
-            self.run_and_commit = self._run_and_commit
-        else:
-            cursor.execute(begin)
+        if begin is not None and not fused:
+            self._send(begin, None)
             self._open = True
 
-    @property
-    def is_active(self) -> bool:
-        return self._open
-
-    def begin_now(self) -> None:
-        """Send a deferred ``BEGIN`` alone, before a statement that does not go through ``run``."""
-        if not self._open:
-            self.cursor.execute(self._begin)
-            self._open = True
+    def _send(self, text: str, parameters: Sequence[Any] | None) -> Any:
+        if self._trace is not None:
+            self._trace(text, parameters)
+        if parameters is None:
+            return self.cursor.execute(text)
+        return self.cursor.execute(text, parameters)
 
     def run(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
         cursor = self.cursor
-        if not self._open:
-            cursor.execute(f"{self._begin}; {statement}", parameters)
+        if not self._open and self._begin is not None:  # fused: BEGIN rides with it
+            self._send(f"{self._begin}; {statement}", parameters)
             self._open = True
             cursor.nextset()  # past BEGIN's result, to the statement's
-        elif parameters is None:
-            cursor.execute(statement)
         else:
-            cursor.execute(statement, parameters)
+            self._send(statement, parameters)
         return cursor
 
-    def _run_and_commit(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
+    def run_and_commit(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
         cursor = self.cursor
         begun = not self._open
         text = f"{self._begin}; {statement}; COMMIT" if begun else f"{statement}; COMMIT"
         self._open, self.committing = True, True
-        cursor.execute(text, parameters)
+        self._send(text, parameters)
         self._open, self.committing = False, False
         if begun:
             cursor.nextset()
@@ -98,11 +93,15 @@ class DirectWrite:
 
     def commit(self) -> None:
         if self._open:
+            if self._trace is not None:
+                self._trace("COMMIT", None)
             self.dbapi.commit()
             self._open = False
 
     def rollback(self) -> None:
-        self._open = False
+        was_open, self._open = self._open, False
+        if self._trace is not None and was_open:
+            self._trace("ROLLBACK", None)
         self.dbapi.rollback()
 
 
@@ -110,19 +109,21 @@ class SQLStateStore(StoreOps):
     """The store over a SQLAlchemy engine: each write one transaction, each thread one connection.
 
     A dialect subclass provides the engine, the statement that opens a write transaction
-    (``BEGIN_WRITE``, emitted by ``_on_begin`` once the subclass listens for the engine's
-    ``begin`` event), and how driver errors read (``_driver_error``, ``_commit_error``).
+    (``BEGIN_WRITE``), and how driver errors read (``_driver_error``, ``_commit_error``).
     """
 
     BEGIN_WRITE = "BEGIN"
+    FUSED = False  # the driver sends BEGIN and COMMIT with statements (see Transaction)
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime]) -> None:
         super().__init__(clock=clock)
         self.engine = engine
+        self.trace: Trace | None = None
         event.listen(engine, "begin", self._on_begin)
-        self._statements = Statements(engine.dialect, _schema_of(engine))
+        self._statements = Statements(engine.dialect.name, _schema_of(engine))
         self._dbapi_error: type[Exception] = engine.dialect.loaded_dbapi.Error
         self._errors: tuple[type[BaseException], ...] = (SQLAlchemyError, self._dbapi_error)
+        self._unique_error: type[BaseException] | tuple[()] = ()
         self._local = threading.local()
         self._connections: list[Connection] = []
         self._connections_lock = threading.Lock()
@@ -146,51 +147,21 @@ class SQLStateStore(StoreOps):
             conn.exec_driver_sql(self.BEGIN_WRITE)
 
     def _begin_locked(self, conn: Connection) -> Any:
-        """A SQLAlchemy transaction opened with ``BEGIN_WRITE`` (driver transactions are off)."""
+        """A SQLAlchemy transaction opened with ``BEGIN_WRITE`` (schema work at open)."""
         conn.info["ctrlrun_write"] = True
         try:
             return conn.begin()
         finally:
             conn.info["ctrlrun_write"] = False
 
-    def _observed(self) -> bool:
-        """Whether anything watches the engine's statements or transactions (or echoes them)."""
-        d = self.engine.dispatch
-        return bool(
-            self.engine.echo
-            or d.before_cursor_execute
-            or d.after_cursor_execute
-            or d.before_execute
-            or d.after_execute
-            or d.commit
-            or d.rollback
-        )
+    def _cursor(self, dbapi: Any) -> Any:
+        """The cursor the data path sends its statements on (one per connection)."""
+        return dbapi.cursor()
 
-    def _begin_write(self, conn: Connection) -> Any:
-        """Open the transaction of one write: on the driver itself, or through SQLAlchemy when
-        the engine is observed. It has ``commit``, ``rollback`` and, when direct, ``run``."""
-        if self._observed():
-            return self._begin_locked(conn)
-        return self._direct_write(conn.connection.driver_connection)
-
-    def _failed_first(self, transaction: Any) -> bool:
+    def _failed_first(self, transaction: Transaction) -> bool:
         """Whether a transaction whose message carried ``COMMIT`` failed before it (so nothing
         was committed); a dialect that cannot tell answers False (the outcome is unknown)."""
         return False
-
-    def _direct_write(self, dbapi: Any) -> DirectWrite:
-        """A transaction on the driver connection, ``BEGIN_WRITE`` sent at once."""
-        return DirectWrite(dbapi, dbapi.cursor(), self.BEGIN_WRITE)
-
-    def _lost(self, conn: Connection, exc: BaseException) -> None:
-        """Invalidate ``conn`` when a driver error says the connection is gone (SQLAlchemy does
-        this itself for the errors it wraps)."""
-        if isinstance(exc, self._dbapi_error) and not isinstance(exc, SQLAlchemyError):
-            try:
-                if self.engine.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None):
-                    conn.invalidate(exc)
-            except Exception:  # judging it is best effort; the next write reconnects anyway
-                pass
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         return CTRLRunError(f"the store failed while {doing}: {exc}")
@@ -204,6 +175,7 @@ class SQLStateStore(StoreOps):
     # -- connections
 
     def _conn(self) -> Connection:
+        """This thread's SQLAlchemy connection (opened on first use, renewed once lost)."""
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is not None and conn.invalidated and not conn.closed:
@@ -219,9 +191,34 @@ class SQLStateStore(StoreOps):
             with self._connections_lock:
                 self._connections.append(conn)
                 local.conn, local.generation = conn, self._generation
+                local.driver = None
         if conn.in_transaction():
             conn.rollback()
         return conn
+
+    def _driver(self) -> tuple[Any, Any]:
+        """This thread's driver connection and its cursor, for the data path."""
+        local = self._local
+        driver = getattr(local, "driver", None)
+        if driver is not None and local.generation == self._generation:
+            return driver  # type: ignore[no-any-return]
+        dbapi = self._conn().connection.driver_connection
+        driver = (dbapi, self._cursor(dbapi))
+        local.driver = driver
+        return driver
+
+    def _lost(self, exc: BaseException) -> None:
+        """Drop this thread's connection when a driver error says it is gone."""
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            return
+        try:
+            if self.engine.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None):
+                local.driver = None
+                conn.invalidate(exc)  # type: ignore[arg-type]
+        except Exception:  # judging it is best effort; the next write reconnects anyway
+            local.driver = None
 
     def close(self) -> None:
         """Close every thread's connection; a later call opens a fresh one."""
@@ -237,6 +234,11 @@ class SQLStateStore(StoreOps):
 
     # -- transactions
 
+    def _begin_write(self, dbapi: Any, cursor: Any) -> Transaction:
+        """Open the transaction of one write (``BEGIN_WRITE`` sent, or deferred when fused)."""
+        return Transaction(dbapi, cursor, self.BEGIN_WRITE, fused=self.FUSED,
+                           unique_error=self._unique_error, trace=self.trace)  # fmt: skip
+
     @staticmethod
     def _rollback(transaction: Any) -> None:
         try:
@@ -245,25 +247,23 @@ class SQLStateStore(StoreOps):
             pass
 
     def _write(self, operation: Callable[[Tx, datetime], T]) -> T:
-        conn = self._conn()
+        dbapi, cursor = self._driver()
         self._count()
         errors = self._errors
         try:
-            transaction = self._begin_write(conn)
+            transaction = self._begin_write(dbapi, cursor)
         except errors as exc:
-            self._lost(conn, exc)
+            self._lost(exc)
             raise self._driver_error(exc, "starting a write") from None
         kept: CTRLRunError | None = None
-        tx = SQLTx(conn, self._statements, transaction)
+        tx = SQLTx(transaction, self._statements)
         try:
             result = operation(tx, self._now())
         except KeptWrite as exc:
             kept = exc.error
         except errors as exc:
-            self._lost(conn, exc)
-            unknown = getattr(transaction, "committing", False) and not self._failed_first(
-                transaction
-            )
+            self._lost(exc)
+            unknown = transaction.committing and not self._failed_first(transaction)
             self._rollback(transaction)
             if unknown:  # the COMMIT sent with the statement may have been carried out
                 raise self._commit_error(exc) from None
@@ -274,7 +274,7 @@ class SQLStateStore(StoreOps):
         try:
             transaction.commit()
         except (*errors, OSError) as exc:
-            self._lost(conn, exc)
+            self._lost(exc)
             self._rollback(transaction)
             raise self._commit_error(exc) from None
         if kept is not None:
@@ -282,13 +282,10 @@ class SQLStateStore(StoreOps):
         return result
 
     def _read(self, operation: Callable[[Tx, datetime], T]) -> T:
-        conn = self._conn()
+        dbapi, cursor = self._driver()
+        transaction = Transaction(dbapi, cursor, None, trace=self.trace)
         try:
-            return operation(SQLTx(conn, self._statements), self._now())
-        except (SQLAlchemyError, UnicodeError) as exc:
+            return operation(SQLTx(transaction, self._statements), self._now())
+        except (*self._errors, UnicodeError) as exc:
+            self._lost(exc)
             raise self._driver_error(exc, "reading") from None
-        finally:
-            try:
-                conn.rollback()
-            except Exception:
-                pass

@@ -1,196 +1,302 @@
-"""The hot path's SQL, written once per dialect and schema (no statement is built per call)."""
+"""Every statement the SQL stores send, written once with SQLAlchemy Core and compiled once per
+dialect and schema; ``Compiled`` is the text and the order of its parameters."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from operator import itemgetter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import (
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    column,
+    exists,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    update,
+    values,
+)
+from sqlalchemy.sql.expression import ClauseElement
+
 from ..errors import CTRLRunError
-from .schema import effects, events, receipts
+from .schema import metadata
 
-__all__ = [
-    "EFFECT_COLUMNS",
-    "EVENTS_PER_STATEMENT",
-    "EVENT_COLUMNS",
-    "RECEIPT_COLUMNS",
-    "Statements",
-    "effect_values",
-    "event_values",
-    "receipt_values",
-]
+__all__ = ["EFFECT_COLUMNS", "EVENT_COLUMNS", "RECEIPT_COLUMNS", "Compiled", "Statements"]
 
-
-def _dialect_insert(dialect: str) -> Callable[..., Any]:
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    elif dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:  # pragma: no cover - only the two dialects exist
-        raise CTRLRunError(f"no ctrlrun store for the {dialect} dialect")
-    return insert
-
-
-EFFECT_COLUMNS = tuple(c.name for c in effects.c)
-EVENT_COLUMNS = tuple(c.name for c in events.c if c.name != "event_id")
-RECEIPT_COLUMNS = tuple(c.name for c in receipts.c)
-effect_values = itemgetter(*EFFECT_COLUMNS)
-event_values = itemgetter(*EVENT_COLUMNS)
-receipt_values = itemgetter(*RECEIPT_COLUMNS)
+EFFECT_COLUMNS = tuple(c.name for c in metadata.tables["effects"].c)
+EVENT_COLUMNS = tuple(c.name for c in metadata.tables["events"].c if c.name != "event_id")
+RECEIPT_COLUMNS = tuple(c.name for c in metadata.tables["receipts"].c)
+APPROVAL_COLUMNS = tuple(c.name for c in metadata.tables["approvals"].c)
 EVENTS_PER_STATEMENT = 500  # 6 parameters a row: far below SQLite's and Postgres' limits
+_ONE = literal_column("1")  # written in the text: every bound parameter is a named slot
+_CACHED_ROWS = 16  # event statements kept compiled for the small batches a call sends
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """A statement as the driver takes it: ``sql`` with positional marks, ``names`` the bound
+    parameter of each mark in order, ``columns`` the names of what it returns."""
+
+    sql: str
+    names: tuple[str, ...]
+    columns: tuple[str, ...] = ()
+
+    def bind(self, values: dict[str, Any]) -> tuple[Any, ...]:
+        """The parameters, in mark order, from a mapping of bound names."""
+        return tuple([values[name] for name in self.names])
+
+
+def _dialect(name: str) -> Any:
+    """The dialect to compile for, with positional marks (``?`` or ``%s``)."""
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite.pysqlite import dialect as sqlite_dialect
+
+        return sqlite_dialect(paramstyle="qmark")
+    if name == "postgresql":
+        from sqlalchemy.dialects.postgresql.psycopg import dialect as pg_dialect
+
+        return pg_dialect(paramstyle="format")
+    raise CTRLRunError(f"no ctrlrun store for the {name} dialect")  # pragma: no cover
+
+
+def _dialect_insert(name: str) -> Callable[..., Any]:
+    if name == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as dialect_insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert as dialect_insert
+    return dialect_insert  # type: ignore[no-any-return]
+
+
+def _binds(names: Sequence[str], suffix: str = "") -> dict[str, Any]:
+    return {name: bindparam(name + suffix) for name in names}
 
 
 class Statements:
-    """The hot path's SQL for one dialect and schema, written once (``?`` is a parameter)."""
+    """The statements of one dialect and schema, compiled on first use and kept."""
 
-    def __init__(self, dialect: Any, schema: str | None) -> None:
-        if dialect.name not in ("sqlite", "postgresql"):  # pragma: no cover
-            raise CTRLRunError(f"no ctrlrun store for the {dialect.name} dialect")
-        self.insert = _dialect_insert(dialect.name)
-        prefix = dialect.identifier_preparer.quote_schema(schema) + "." if schema else ""
-        # psycopg takes %s; SQLite's driver takes ?. No statement below holds % or a literal ?.
-        self._mark = "%s" if dialect.paramstyle in ("format", "pyformat") else "?"
+    def __init__(self, dialect_name: str, schema: str | None) -> None:
+        self.dialect = _dialect(dialect_name)
+        self.name = dialect_name
+        self.combines = dialect_name == "postgresql"  # data-modifying CTEs: one statement
+        self._insert = _dialect_insert(dialect_name)
+        if schema is None:
+            tables = dict(metadata.tables)
+        else:
+            copy = MetaData()
+            tables = {n: t.to_metadata(copy, schema=schema) for n, t in metadata.tables.items()}
+        self.effects: Table = tables["effects"]
+        self.approvals: Table = tables["approvals"]
+        self.events: Table = tables["events"]
+        self.receipts: Table = tables["receipts"]
+        self.chain: Table = tables["receipt_chain"]
+        self._cache: dict[Any, Compiled] = {}
+        e, c = self.effects, self.chain
+        cas = (e.c.effect_key == bindparam("w_key"), e.c.state == bindparam("w_state"),
+               e.c.action_id == bindparam("w_action"))  # fmt: skip
+        self.effect = self.compile(select(*e.c).where(e.c.effect_key == bindparam("key")))
+        self.insert_effect = self.compile(self._insert_effect())
+        self.update_effect = self.compile(
+            update(e).where(*cas, e.c.attempt == bindparam("w_attempt"))
+            .values(_binds(EFFECT_COLUMNS[1:]))
+        )  # fmt: skip
+        self.finish_effect = self.compile(self._finish_effect())
+        self.advance_head = self.compile(
+            update(c).where(c.c.id == _ONE).values(seq=c.c.seq + _ONE).returning(c.c.seq, c.c.hash)
+        )
+        self.insert_receipt = self.compile(self._insert_receipt(strict=False))
+        self.set_head_hash = self.compile(
+            update(c).where(c.c.id == _ONE).values(hash=bindparam("hash"))
+        )
+        self.head = self.compile(select(c.c.seq, c.c.hash).where(c.c.id == _ONE))
+        self.place_receipt = self.place_receipt_strict = None
+        if self.combines:
+            self.place_receipt = self.compile(self._place_receipt(strict=False))
+            self.place_receipt_strict = self.compile(self._place_receipt(strict=True))
+        a = self.approvals
+        self.approval = self.compile(select(*a.c).where(a.c.approval_id == bindparam("id")))
+        self.insert_approval = self.compile(
+            self._insert(a).values(_binds(APPROVAL_COLUMNS))
+            .on_conflict_do_nothing(index_elements=["approval_id"]).returning(a.c.approval_id)
+        )  # fmt: skip
+        self.update_approval = self.compile(
+            update(a).where(
+                a.c.approval_id == bindparam("w_id"), a.c.status == bindparam("w_status"),
+                a.c.approvers.is_not_distinct_from(bindparam("w_approvers", type_=Text)),
+            ).values(_binds(APPROVAL_COLUMNS[1:]))
+        )  # fmt: skip
+        self.list_events = self.compile(select(*self.events.c).order_by(self.events.c.event_id))
+        r = self.receipts
+        self.list_receipts = self.compile(
+            select(*r.c).order_by(r.c.seq.asc().nulls_first(), r.c.receipt_id)
+        )
 
-        def sql(text: str) -> str:
-            assert "%" not in text
-            return text.replace("{p}", prefix).replace("?", self._mark)
+    def compile(self, statement: ClauseElement) -> Compiled:
+        compiled = statement.compile(dialect=self.dialect)
+        names = tuple(compiled.positiontup or ())
+        for name in names:  # a literal bound in passing would need its value carried along
+            if compiled.binds[name].value is not None:
+                raise CTRLRunError(f"statement parameter {name!r} is a literal: write it as text")
+        columns = tuple(str(c[0]) for c in getattr(compiled, "_result_columns", ()) or ())
+        return Compiled(compiled.string, names, columns)
 
-        effect_list = ", ".join(EFFECT_COLUMNS)
-        self.effect = sql(f"SELECT {effect_list} FROM {{p}}effects WHERE effect_key = ?")
-        self.insert_effect = sql(
-            f"INSERT INTO {{p}}effects ({effect_list}) VALUES ({_marks(len(EFFECT_COLUMNS))}) "
-            "ON CONFLICT (effect_key) DO NOTHING"
-        )
-        self.update_effect = sql(
-            "UPDATE {p}effects SET "
-            + ", ".join(f"{c} = ?" for c in EFFECT_COLUMNS[1:])
-            + " WHERE effect_key = ? AND state = ? AND action_id = ? AND attempt = ?"
-        )
-        finish_effect = (
-            "UPDATE {p}effects SET state = ?, updated_at = ?, lease_expires_at = ?, "
-            "result_json = ?, error = ? WHERE effect_key = ? AND action_id = ? AND state = ? "
-            "AND result_json IS NULL AND error IS NULL"
-        )
-        self.finish_effect = sql(finish_effect)
-        self._finish_effect = finish_effect
-        self._insert_effect = (
-            f"INSERT INTO {{p}}effects ({effect_list}) VALUES ({_marks(len(EFFECT_COLUMNS))}) "
-            "ON CONFLICT (effect_key) DO NOTHING"
-        )
-        self._insert_events = (
-            f"INSERT INTO {{p}}events ({', '.join(EVENT_COLUMNS)}) VALUES ",
-            f"({_marks(len(EVENT_COLUMNS))})",
-            f" RETURNING event_id, {', '.join(EVENT_COLUMNS)}",
-        )
-        self._events_sql: dict[tuple[Any, ...], str] = {}
-        self.advance_head = sql(
-            "UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 RETURNING seq, hash"
-        )
-        insert_receipt = (
-            f"INSERT INTO {{p}}receipts ({', '.join(RECEIPT_COLUMNS)}) "
-            f"VALUES ({_marks(len(RECEIPT_COLUMNS))}) ON CONFLICT (receipt_id) DO NOTHING"
-        )
-        self.insert_receipt = sql(insert_receipt)
-        self.set_head_hash = sql("UPDATE {p}receipt_chain SET hash = ? WHERE id = 1")
-        # Postgres runs two writes in one statement (a data-modifying CTE), one round trip
-        # less each time; SQLite has no such CTE and sends the statements one by one.
-        self.combines = dialect.name == "postgresql"
-        # the head takes the hash only of a receipt row inserted
-        place = (
-            "WITH placed AS ({insert} RETURNING hash) "
-            "UPDATE {{p}}receipt_chain AS head SET hash = placed.hash FROM placed "
-            "WHERE head.id = 1"
-        )
-        self.place_receipt = (
-            sql(place.format(insert=insert_receipt)) if self.combines else None
-        )
-        # committed with the statement: a taken id must fail it (a unique violation), since
-        # an insert that did nothing would commit the rest of the transaction
-        strict_insert = insert_receipt.replace(" ON CONFLICT (receipt_id) DO NOTHING", "")
-        self.place_receipt_strict = (
-            sql(place.format(insert=strict_insert)) if self.combines else None
-        )
-        self._sql = sql
+    # -- effects
 
-    def insert_events(self, rows: int, *, advance_head: bool = False) -> str:
-        """``INSERT`` of ``rows`` events in one statement, returning each row with its id.
+    def _insert_effect(self) -> Any:
+        return (
+            self._insert(self.effects).values(_binds(EFFECT_COLUMNS))
+            .on_conflict_do_nothing(index_elements=["effect_key"])
+        )  # fmt: skip
 
-        ``advance_head`` (Postgres only): the same statement also moves the chain head, in a
-        data-modifying CTE, and returns it as one more row flagged ``1`` in a first column
-        (event rows carry ``0``).
-        """
-        def build() -> str:
-            head, row, tail = self._insert_events
-            insert = head + ", ".join([row] * rows) + tail
+    def _finish_effect(self) -> Any:
+        e = self.effects
+        return (
+            update(e).where(
+                e.c.effect_key == bindparam("w_key"), e.c.action_id == bindparam("w_action"),
+                e.c.state == bindparam("w_state"), e.c.result_json.is_(None), e.c.error.is_(None),
+            ).values(_binds(("state", "updated_at", "lease_expires_at", "result_json", "error")))
+        )  # fmt: skip
+
+    def list_effects(self, with_state: bool) -> Compiled:
+        def build() -> Any:
+            e = self.effects
+            query = select(*e.c).order_by(e.c.created_at, e.c.effect_key)
+            return query.where(e.c.state == bindparam("state")) if with_state else query
+
+        return self._cached(("effects", with_state), build)
+
+    # -- approvals
+
+    def find_approvals(
+        self, by_hash: bool, by_status: bool, valid: bool, newest_first: bool, limited: bool
+    ) -> Compiled:
+        def build() -> Any:
+            a = self.approvals
+            query = select(*a.c)
+            if by_hash:
+                query = query.where(
+                    or_(a.c.action_hash == bindparam("hash"),
+                        a.c.edited_action_hash == bindparam("hash2"))
+                )  # fmt: skip
+            if by_status:
+                query = query.where(a.c.status == bindparam("status"))
+            if valid:
+                query = query.where(a.c.expires_at >= bindparam("after"))
+            order = (a.c.created_at, a.c.approval_id)
+            query = query.order_by(*(c.desc() for c in order) if newest_first else order)
+            if not limited:
+                return query
+            return query.limit(bindparam("limit")).offset(bindparam("offset"))
+
+        return self._cached(("approvals", by_hash, by_status, valid, newest_first, limited), build)
+
+    # -- events and receipts
+
+    def _event_values(self, rows: int) -> list[dict[str, Any]]:
+        return [_binds(EVENT_COLUMNS, f"_{i}") for i in range(rows)]
+
+    def insert_events(self, rows: int, *, returning: bool, advance_head: bool = False) -> Compiled:
+        """``rows`` events in one ``INSERT``, returning each row with its id (``returning``).
+
+        ``advance_head`` (Postgres): the same statement also moves the chain head, in a
+        data-modifying CTE, returned as one more row flagged ``1`` in a first column (event rows
+        carry ``0``)."""
+
+        def build() -> Any:
+            v = self.events
+            statement = insert(v).values(self._event_values(rows))
+            if not returning:
+                return statement
+            statement = statement.returning(v.c.event_id, *(v.c[n] for n in EVENT_COLUMNS))
             if not advance_head:
-                return insert
-            assert self.combines
-            columns = ", ".join(EVENT_COLUMNS)
-            nulls = ", ".join(["NULL"] * (len(EVENT_COLUMNS) - 1))
-            return (
-                f"WITH added AS ({insert}), "
-                "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
-                "RETURNING seq, hash) "
-                f"SELECT 0, event_id, {columns} FROM added "
-                f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved"
+                return statement
+            added = statement.cte("added")
+            moved = self._advance_head().cte("moved")
+            return select(literal_column("0"), *added.c).union_all(
+                select(literal_column("1"), moved.c.seq, moved.c.hash, *_nulls(5))
             )
 
-        return self._cached(("returning", advance_head), rows, build)
+        return self._cached(("events", rows, returning, advance_head), build)
 
-    def insert_events_plain(self, rows: int) -> str:
-        """``INSERT`` of ``rows`` events in one statement, returning nothing."""
-        head, row, _ = self._insert_events
-        return self._cached(("plain",), rows, lambda: head + ", ".join([row] * rows))
+    def _advance_head(self) -> Any:
+        c = self.chain
+        return update(c).where(c.c.id == _ONE).values(seq=c.c.seq + _ONE).returning(c.c.seq, c.c.hash)
 
-    def reserve_new(self, rows: int) -> str:
+    def reserve_new(self, rows: int) -> Compiled:
         """Postgres: the effect inserted and, only if it was, ``rows`` events, in one statement.
+        Returns ``(1, NULL…)`` when the effect was inserted and ``(0, event_id, columns…)`` per
+        event."""
 
-        Returns a row ``(1, NULL…)`` when the effect was inserted and ``(0, event_id, columns…)``
-        per event.
-        """
-        return self._cached(("reserve",), rows, lambda: self._combined("reserve", rows))
+        def build() -> Any:
+            v = self.events
+            reserved = self._insert_effect().returning(literal_column("1").label("one"))
+            reserved = reserved.cte("reserved")
+            given = values(*(column(n, Text) for n in EVENT_COLUMNS), name="given").data(
+                [tuple(bindparam(f"{n}_{i}") for n in EVENT_COLUMNS) for i in range(rows)]
+            )
+            chosen = select(*given.c).where(exists(select(reserved.c.one)))
+            added = (
+                insert(v).from_select(list(EVENT_COLUMNS), chosen)
+                .returning(v.c.event_id, *(v.c[n] for n in EVENT_COLUMNS)).cte("added")
+            )  # fmt: skip
+            return select(literal_column("0"), *added.c).union_all(
+                select(literal_column("1"), *_nulls(7)).select_from(reserved)
+            )
 
-    def finish_and_advance(self, rows: int) -> str:
+        return self._cached(("reserve", rows), build)
+
+    def finish_and_advance(self, rows: int) -> Compiled:
         """Postgres: the outcome's compare-and-set, ``rows`` events and the chain head moved, in
         one statement. Returns ``(0, event_id, columns…)`` per event, ``(1, seq, hash, NULL…)``
         for the head and ``(2, NULL…)`` when the compare-and-set matched."""
-        return self._cached(("finish",), rows, lambda: self._combined("finish", rows))
 
-    def _combined(self, kind: str, rows: int) -> str:
-        assert self.combines
-        columns = ", ".join(EVENT_COLUMNS)
-        nulls = ", ".join(["NULL"] * (len(EVENT_COLUMNS) - 1))
-        values = ", ".join([f"({_marks(len(EVENT_COLUMNS))})"] * rows)
-        returning = f"RETURNING event_id, {columns}"
-        if kind == "reserve":
-            return (
-                f"WITH reserved AS ({self._insert_effect} RETURNING 1), "
-                f"added AS (INSERT INTO {{p}}events ({columns}) SELECT * FROM (VALUES {values}) "
-                f"AS v ({columns}) WHERE EXISTS (SELECT 1 FROM reserved) {returning}) "
-                f"SELECT 0, event_id, {columns} FROM added "
-                f"UNION ALL SELECT 1, NULL, NULL, {nulls} FROM reserved"
+        def build() -> Any:
+            v = self.events
+            finished = self._finish_effect().returning(literal_column("1").label("one"))
+            finished = finished.cte("finished")
+            added = (
+                insert(v).values(self._event_values(rows))
+                .returning(v.c.event_id, *(v.c[n] for n in EVENT_COLUMNS)).cte("added")
+            )  # fmt: skip
+            moved = self._advance_head().cte("moved")
+            return select(literal_column("0"), *added.c).union_all(
+                select(literal_column("1"), moved.c.seq, moved.c.hash, *_nulls(5)),
+                select(literal_column("2"), *_nulls(7)).select_from(finished),
             )
+
+        return self._cached(("finish", rows), build)
+
+    def _insert_receipt(self, *, strict: bool) -> Any:
+        statement = self._insert(self.receipts).values(_binds(RECEIPT_COLUMNS))
+        return statement if strict else statement.on_conflict_do_nothing(
+            index_elements=["receipt_id"]
+        )  # fmt: skip
+
+    def _place_receipt(self, *, strict: bool) -> Any:
+        """The receipt inserted and the head given its hash, in one statement (Postgres); the
+        head moves only for a row inserted. ``strict``: a taken id fails the statement."""
+        c = self.chain
+        placed = self._insert_receipt(strict=strict).returning(self.receipts.c.hash)
+        placed = placed.cte("placed")
         return (
-            f"WITH finished AS ({self._finish_effect} RETURNING 1), "
-            f"added AS (INSERT INTO {{p}}events ({columns}) VALUES {values} {returning}), "
-            "moved AS (UPDATE {p}receipt_chain SET seq = seq + 1 WHERE id = 1 "
-            "RETURNING seq, hash) "
-            f"SELECT 0, event_id, {columns} FROM added "
-            f"UNION ALL SELECT 1, seq, hash, {nulls} FROM moved "
-            f"UNION ALL SELECT 2, NULL, NULL, {nulls} FROM finished"
-        )
+            update(c).where(c.c.id == _ONE).values(hash=placed.c.hash)
+            .add_cte(placed)  # type: ignore[attr-defined]
+        )  # fmt: skip
 
-    def _cached(self, kind: tuple[Any, ...], rows: int, build: Callable[[], str]) -> str:
-        """The statement of ``kind`` for ``rows`` events: built once (with ``?`` turned into the
-        driver's mark), kept for the small batches a call sends."""
-        key = (*kind, rows)
-        statement = self._events_sql.get(key)
-        if statement is None:
-            statement = self._sql(build())
-            if rows <= 16:
-                self._events_sql[key] = statement
-        return statement
+    def _cached(self, key: Any, build: Callable[[], Any]) -> Compiled:
+        found = self._cache.get(key)
+        if found is None:
+            found = self.compile(build())
+            rows = key[1] if len(key) > 1 and isinstance(key[1], int) else 0
+            if rows <= _CACHED_ROWS:
+                self._cache[key] = found
+        return found
 
 
-def _marks(n: int) -> str:
-    return ", ".join(["?"] * n)
+def _nulls(n: int) -> list[Any]:
+    return [null() for _ in range(n)]

@@ -1,0 +1,187 @@
+"""The allowed call's straight path: ``Control.pipeline`` for its commonest case, without steps.
+
+A synchronous call that the policy allows and that presents no approval needs only two store
+writes (*start*: the key reserved into ``executing`` with its events; *finish*: the outcome, its
+event and the receipt) around the function. This runs exactly those, with the events built as
+rows and the receipt as one document, and gives way to the pipeline for everything else: another
+decision, a refused reservation (the pipeline records the refusal, the start wrote nothing), a
+function that raises or an outcome the store refuses (the pipeline's own steps record them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _ambient
+from ._attempt import Attempt, fan_out
+from ._steps import drive
+from ._time import format_ts
+from .action import _CANONICAL_JSON, Action, Principal, _json_opt, _json_str, new_id
+from .effect import EffectState
+from .errors import AmbiguousEffect, DuplicateEffect, InvalidArgument
+from .policy import Decision, Evaluation
+from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA, ReceiptDraft, receipt_formats
+from .store.codec import dumps
+
+if TYPE_CHECKING:
+    from .control import Control, _Options
+
+__all__ = ["GIVE_WAY", "Straight"]
+
+GIVE_WAY: Any = object()
+"""What ``Straight.run`` answers when the call must take the pipeline instead."""
+
+_NO_PLACE = '{"task":null,"hop":null}'
+
+
+class _Decided:
+    """What one policy outcome contributes to every allowed call: its event data and the
+    receipt's formats with the constant keys written."""
+
+    __slots__ = ("evaluated", "formats")
+
+    def __init__(self, control: Control, evaluation: Evaluation) -> None:
+        decision = str(evaluation.decision)
+        self.evaluated = dumps(
+            {"decision": decision, "reason": evaluation.reason}, "POLICY_EVALUATED event data"
+        )
+        self.formats = receipt_formats({
+            "schema": RECEIPT_SCHEMA, "environment": control.environment, "decision": decision,
+            "decision_reason": evaluation.reason, "approval_id": None, "approver": None,
+            "result": "committed", "execution": None, "would_have": None, "error": None,
+            "policy_hash": control.policy_hash, "policy_version": control.policy.version,
+            "controls": list(evaluation.controls), "precondition_at_request": None,
+            "precondition_at_recheck": None, "approvers": [], "authority_grant_id": None,
+            "scope_hash": None, "budget_charges": [], "edited_from": None, "edit_diff": None,
+        })  # fmt: skip
+
+
+def _principal_texts(principal: Principal) -> tuple[str, str]:
+    """The principal's receipt form as JSON: in its own key order, and sorted."""
+    document = principal.to_dict()
+    return _COMPACT_JSON.encode(document), _CANONICAL_JSON.encode(document)
+
+
+class Straight:
+    """One Control's straight path, with what it keeps per policy outcome."""
+
+    def __init__(self, control: Control) -> None:
+        self.control = control
+        self._decided: dict[tuple[str, tuple[str, ...]], _Decided] = {}
+        self._principals: dict[tuple[str, str | None], tuple[str, str]] = {}
+
+    def run(
+        self,
+        action: Action,
+        executor: Callable[[], Any],
+        effect_key: str | None,
+        options: _Options,
+    ) -> tuple[Any, Evaluation | None]:
+        """``(value, None)`` once the call ran and is recorded, or ``(GIVE_WAY, evaluation)``
+        when it must take the pipeline (nothing written but a refusal's kept write)."""
+        control = self.control
+        evaluation = control.policy.evaluate(action)
+        if evaluation.decision is not Decision.ALLOW or _ambient.presented_approval() is not None:
+            return GIVE_WAY, evaluation
+        decided = self._decided.get((evaluation.reason, evaluation.controls))
+        if decided is None:
+            decided = _Decided(control, evaluation)
+            self._decided[(evaluation.reason, evaluation.controls)] = decided
+        store, sinks, clock = control.store, control.sinks, control.clock
+        action_id, action_hash = action.action_id, action.action_hash
+        started_at = format_ts(clock())
+        task, hop = options.task, options.hop
+        place = _NO_PLACE if task is None and hop is None else dumps(
+            {"task": task, "hop": hop}, "EXECUTION_STARTED event data"
+        )  # fmt: skip
+        opening = [
+            (started_at, "ACTION_PROPOSED", action_id, effect_key, None,
+             '{"action_hash":"' + action_hash + '"}'),
+            (started_at, "POLICY_EVALUATED", action_id, effect_key, None, decided.evaluated),
+        ]  # fmt: skip
+
+        def started(approval: Any, reservation: Any) -> list[Any]:
+            rows = list(opening)
+            if reservation is not None:
+                rows.append((started_at, "EFFECT_RESERVED", action_id, effect_key, None,
+                             '{"attempt":%d,"lease_expires_at":"%s"}'
+                             % (reservation.attempt, format_ts(reservation.lease_expires_at))))  # fmt: skip
+            rows.append((started_at, "EXECUTION_STARTED", action_id, effect_key, None, place))
+            return rows
+
+        try:
+            _, reservation, stored = store.start_attempt(
+                action_id=action_id, effect_key=effect_key, lease=options.lease,
+                events=started, return_events=bool(sinks),
+            )  # fmt: skip
+        except (DuplicateEffect, AmbiguousEffect):
+            return GIVE_WAY, evaluation  # refused, nothing written but a kept write
+        if sinks:
+            fan_out(sinks, stored, None)
+        number = reservation.attempt if reservation is not None else 1
+        with _ambient.holding_effect(effect_key, number):
+            try:
+                value = executor()
+            except BaseException as exc:
+                attempt = self._attempt(action, effect_key, options, evaluation, started_at, number)
+                drive(control._raised(attempt, options, exc))
+                raise
+        finished_at = format_ts(clock())
+        principal = action.principal
+        texts = self._principals.get((principal.agent, principal.user))
+        if texts is None or principal.claims or principal.issuer or principal.expires_at:
+            texts = _principal_texts(principal)
+            if not (principal.claims or principal.issuer or principal.expires_at):
+                if len(self._principals) > 1024:
+                    self._principals.clear()
+                self._principals[(principal.agent, principal.user)] = texts
+        receipt_id = new_id("ctr")
+        values = {
+            "receipt_id": '"' + receipt_id + '"', "action_id": _json_str(action_id),
+            "action": _json_str(action.name), "action_hash": '"' + action_hash + '"',
+            "principal": texts[0], "principal_sorted": texts[1],
+            "resource": _json_opt(action.resource), "arguments": action._arguments_json,
+            "effect_key": _json_opt(effect_key), "attempt": str(number),
+            "started_at": '"' + started_at + '"', "finished_at": '"' + finished_at + '"',
+            "task": _json_opt(task), "hop": _json_opt(hop),
+        }  # fmt: skip
+        draft = ReceiptDraft(
+            values, decided.formats, receipt_id=receipt_id, action_id=action_id,
+            effect_key=effect_key, result="committed", finished_at=finished_at,
+        )  # fmt: skip
+        try:
+            events, _ = store.finish_attempt(
+                effect_key=effect_key, action_id=action_id,
+                outcome=EffectState.COMMITTED if effect_key is not None else None, result=value,
+                events=((finished_at, "EXECUTION_COMMITTED", action_id, effect_key, None, "{}"),),
+                receipt=draft, return_events=bool(sinks),
+            )  # fmt: skip
+        except (AmbiguousEffect, DuplicateEffect, InvalidArgument) as refusal:
+            if effect_key is None:
+                raise
+            attempt = self._attempt(action, effect_key, options, evaluation, started_at, number)
+            drive(control._unrecorded(attempt, "returned", refusal))
+            raise refusal from None
+        if sinks:
+            fan_out(sinks, events, draft.receipt())
+        return value, None
+
+    def _attempt(
+        self, action: Action, effect_key: str | None, options: _Options, evaluation: Evaluation,
+        started_at: str, number: int,
+    ) -> Attempt:  # fmt: skip
+        """The pipeline's record of this attempt so far, for the steps that take over."""
+        control = self.control
+        attempt = Attempt(
+            action=action, effect_key=effect_key, approval_id=None, clock=control.clock,
+            policy_hash=control.policy_hash, policy_version=control.policy.version,
+            task=options.task, hop=options.hop,
+        )  # fmt: skip
+        attempt.started_at = started_at
+        attempt.decision = str(evaluation.decision)
+        attempt.reason = evaluation.reason
+        attempt.controls = tuple(evaluation.controls)
+        attempt.attempt = number
+        return attempt
+

@@ -1,0 +1,105 @@
+"""The allowed call's straight path writes what the pipeline writes: the same events, and a
+receipt whose stored line and hash are byte for byte what ``Receipt`` gives for its values."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ctrlrun import Control, InMemoryStateStore, Policy, context, protect
+from ctrlrun.action import Action, Principal
+from ctrlrun.receipt import Receipt, verify_chain
+
+POLICY = """\
+schema: ctrlrun.policy/v2
+actions:
+  shop.refund:
+    effect: "refund:{order}"
+    resource: "order/{order}"
+    rules:
+      - when: { amount_lte: 1000 }
+        decision: allow
+      - decision: deny
+"""
+
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), text)
+nested = st.recursive(
+    leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
+    max_leaves=8,
+)  # fmt: skip
+
+
+def _protected(store: Any, **options: Any) -> Any:
+    control = Control(Policy.from_yaml(POLICY), store)
+
+    @protect("shop.refund", control=control, **options)
+    def refund(order: str, amount: int, note: Any = None) -> dict[str, Any]:
+        return {"order": order, "note": note}
+
+    return control, refund
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(order=text.filter(bool), amount=st.integers(-5, 1000), note=nested,
+       user=st.one_of(st.none(), text.filter(bool)))  # fmt: skip
+def test_straight_receipt_is_the_receipt_class_byte_for_byte(order, amount, note, user):
+    store = InMemoryStateStore()
+    _, refund = _protected(store, task="t-{order}")
+    with context(agent="agent-ü", user=user):
+        assert refund(order=order, amount=amount, note=note) == {"order": order, "note": note}
+    (stored,) = store.receipts()
+    assert stored.result == "committed" and stored.task == f"t-{order}"
+    assert stored.arguments == json.loads(json.dumps({"amount": amount, "note": note, "order": order}))
+    rebuilt, _ = Receipt.from_dict(stored.to_dict())._placed(stored.seq, stored.prev_hash)
+    assert rebuilt.to_json() == stored.to_json() and rebuilt.hash == stored.hash
+    assert verify_chain(store).ok
+
+
+def test_straight_path_writes_the_pipelines_events_and_receipt():
+    """One call by ``@protect`` (straight) and the same action through ``Control.run`` (the
+    pipeline): equal events and receipts but for ids and times."""
+    store = InMemoryStateStore()
+    control, refund = _protected(store)
+    with context(agent="agent-1"):
+        refund(order="o-1", amount=5)
+    action = Action("shop.refund", {"order": "o-2", "amount": 5, "note": None},
+                    Principal("agent-1"), "order/o-2")  # fmt: skip
+    control.run(action, lambda: {"order": "o-2", "note": None}, "refund:o-2")
+    first, second = store.receipts()
+    skip = {"receipt_id", "action_id", "action_hash", "arguments", "effect_key", "resource",
+            "started_at", "finished_at", "seq", "prev_hash"}  # fmt: skip
+    assert {k: v for k, v in first.to_dict().items() if k not in skip} == {
+        k: v for k, v in second.to_dict().items() if k not in skip
+    }
+    events = store.events()
+    shapes = [(e.type, tuple(e.data)) for e in events]
+    assert shapes[:5] == shapes[5:] and len(events) == 10
+    assert verify_chain(store).ok
+
+
+def test_sinks_get_objects_built_from_the_rows():
+    store = InMemoryStateStore()
+    seen: list[Any] = []
+
+    class Sink:
+        def on_event(self, event):
+            seen.append(event)
+
+        def on_receipt(self, receipt):
+            seen.append(receipt)
+
+    control = Control(Policy.from_yaml(POLICY), store, sinks=(Sink(),))
+
+    @protect("shop.refund", control=control)
+    def refund(order: str, amount: int) -> str:
+        return "ok"
+
+    with context(agent="agent-1"):
+        refund("o-1", amount=7)
+    assert [type(x).__name__ for x in seen] == ["Event"] * 5 + ["Receipt"]
+    assert list(store.events()) == seen[:5]
+    assert seen[5].to_json() == store.receipts()[0].to_json() and seen[5].hash
