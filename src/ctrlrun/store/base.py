@@ -1,11 +1,17 @@
-"""The ``StateStore`` protocol: the durable state behind a Control, as every backend offers it."""
+"""The ``StateStore`` protocol: what ``Control``, the approval providers and the CLI call.
+
+Nothing else is in it, so a backend (or a test double) needs only these methods. Every ctrlrun
+store also has the rest of the store API (the single effect transitions, the approval finders,
+``events``, ``put_receipt``, ``transactions``) from their shared implementation, ``StoreOps``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from ..action import Action
 from ..approvals import Approval, ApprovalRecord, ApprovalRequest, VerifiedApprover
 from ..effect import EffectRecord, EffectState, Reservation
 from ..receipt import Event, Receipt, UnreadableReceipt
@@ -15,39 +21,23 @@ __all__ = ["StateStore"]
 
 @runtime_checkable
 class StateStore(Protocol):
-    """Effects, approvals, events and the receipt chain; each write decides and writes at once."""
+    """Effects, approvals, events and the receipt chain; each write decides and writes at once.
 
-    transactions: int
+    Who calls what: ``Control`` runs a call through ``start_attempt``, ``finish_attempt`` and
+    ``record``, and reads ``get_approval`` and ``get_effect``; an approved call without an effect
+    key spends its approval with ``consume_approval``, a reconcile hook settles an effect with
+    ``resolve_effect``. The approval providers ask and answer with ``put_approval_request``,
+    ``get_approval``, ``grant_approval`` and ``deny_approval``. The operator commands list
+    (``pending_approvals``, ``list_effects``, ``receipts``, ``chain_head`` to verify the chain),
+    answer and resolve, record their act with ``append_event``, and ``close`` the store.
+    """
 
     # effects
-    def reserve_effect(
-        self, effect_key: str, action_id: str, lease: timedelta = ...
-    ) -> Reservation: ...
-
-    def consume_approval_and_reserve(
-        self,
-        approval_id: str,
-        action_hash: str,
-        effect_key: str,
-        action_id: str,
-        lease: timedelta = ...,
-    ) -> tuple[Approval, Reservation]: ...
-
     def consume_approval(self, approval_id: str, action_hash: str) -> Approval: ...
-
-    def begin_execution(self, effect_key: str, action_id: str) -> None: ...
-
-    def commit_effect(self, effect_key: str, action_id: str, result: Any = None) -> None: ...
-
-    def fail_effect(self, effect_key: str, action_id: str, error: str | None) -> None: ...
-
-    def mark_ambiguous(self, effect_key: str, action_id: str, error: str | None) -> None: ...
 
     def resolve_effect(
         self, effect_key: str, state: EffectState | str, resolver: str
     ) -> EffectRecord: ...
-
-    def extend_lease(self, effect_key: str, action_id: str, until: datetime) -> None: ...
 
     def get_effect(self, effect_key: str) -> EffectRecord | None: ...
 
@@ -59,7 +49,12 @@ class StateStore(Protocol):
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def grant_approval(
-        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+        self,
+        approval_id: str,
+        approver: str,
+        *,
+        verified: VerifiedApprover | None = None,
+        edited_action: Action | None = None,
     ) -> Approval | None: ...
 
     def deny_approval(
@@ -68,18 +63,8 @@ class StateStore(Protocol):
 
     def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]: ...
 
-    def approvals_for(self, action_hash: str) -> tuple[ApprovalRecord, ...]: ...
-
-    def find_granted_approval(self, action_hash: str) -> Approval | None: ...
-
-    def find_denied_request(self, action_hash: str) -> ApprovalRequest | None: ...
-
     # evidence
     def append_event(self, event: Event) -> Event: ...
-
-    def events(self) -> tuple[Event, ...]: ...
-
-    def put_receipt(self, receipt: Receipt) -> Receipt: ...
 
     def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]: ...
 
