@@ -102,7 +102,8 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 def test_import_ctrlrun_never_imports_the_driver():
     done = _python(
         "import sys, ctrlrun; ctrlrun.Control; ctrlrun.protect; import ctrlrun.store; "
-        "import ctrlrun.postgres; "
+        "import ctrlrun.postgres, ctrlrun.store.postgres; "
+        "assert ctrlrun.postgres.PostgresStateStore is ctrlrun.store.postgres.PostgresStateStore; "
         "assert 'psycopg' not in sys.modules, sorted(m for m in sys.modules if 'psycopg' in m)"
     )
     assert done.returncode == 0, done.stderr

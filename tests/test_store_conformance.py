@@ -1,4 +1,10 @@
-"""Every store rule, run against every backend through the shared ``store`` fixture."""
+"""Every store rule, run against every backend through the shared ``store`` fixture.
+
+A test typed ``store: StateStore`` uses only the protocol (what ``Control``, the providers and the
+CLI call); one typed ``StoreOps`` also drives the operations the concrete stores share beyond it
+(the single effect transitions, the approval finders, ``events``, ``put_receipt``,
+``transactions``).
+"""
 
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from ctrlrun.errors import (
 )
 from ctrlrun.receipt import GENESIS_HASH, Event, EventType, Receipt, verify_chain
 from ctrlrun.store import StateStore
+from ctrlrun.store.ops import StoreOps
 
 LEASE = timedelta(minutes=5)
 TICK = timedelta(microseconds=1)
@@ -40,13 +47,13 @@ def make_action(**arguments) -> Action:
     )
 
 
-def put_request(store, clock, action=None, ttl=timedelta(minutes=15)):
+def put_request(store: StateStore, clock, action=None, ttl=timedelta(minutes=15)):
     request = build_request(action or make_action(), ttl, clock())
     store.put_approval_request(request)
     return request
 
 
-def granted_request(store, clock, action=None):
+def granted_request(store: StateStore, clock, action=None):
     request = put_request(store, clock, action)
     store.grant_approval(request.request_id, "cli:local")
     return request
@@ -81,7 +88,7 @@ def make_event(kind: EventType = EventType.ACTION_PROPOSED, **data) -> Event:
     return Event(kind, "2026-11-30T09:00:00.000Z", action_id="act_1", data=data)
 
 
-def executing(store, key="k", action_id="a1", lease=LEASE):
+def executing(store: StoreOps, key="k", action_id="a1", lease=LEASE):
     store.reserve_effect(key, action_id, lease)
     store.begin_execution(key, action_id)
 
@@ -89,7 +96,7 @@ def executing(store, key="k", action_id="a1", lease=LEASE):
 # --------------------------------------------------------------------------- reservation table
 
 
-def test_reserve_new_key(store, clock):
+def test_reserve_new_key(store: StoreOps, clock):
     reservation = store.reserve_effect("refund:txn_1", "a1", LEASE)
     assert (reservation.attempt, reservation.action_id) == (1, "a1")
     assert reservation.lease_expires_at == clock() + LEASE
@@ -100,7 +107,7 @@ def test_reserve_new_key(store, clock):
     assert (record.result, record.error, record.resolved_by) == (None, None, None)
 
 
-def test_renew_after_failed_clears_fields(store, clock):
+def test_renew_after_failed_clears_fields(store: StoreOps, clock):
     executing(store)
     store.fail_effect("k", "a1", "remote said no")
     created = store.get_effect("k").created_at
@@ -114,7 +121,7 @@ def test_renew_after_failed_clears_fields(store, clock):
     assert record.lease_expires_at == clock() + LEASE
 
 
-def test_lapsed_reserved_renews(store, clock):
+def test_lapsed_reserved_renews(store: StoreOps, clock):
     store.reserve_effect("k", "a1", LEASE)
     clock.advance(LEASE + TICK)
     assert store.reserve_effect("k", "a2", LEASE).attempt == 2
@@ -123,7 +130,7 @@ def test_lapsed_reserved_renews(store, clock):
     assert info.value.state == "in_progress"
 
 
-def test_committed_is_duplicate(store):
+def test_committed_is_duplicate(store: StoreOps):
     executing(store)
     store.commit_effect("k", "a1", {"ok": True})
     with pytest.raises(DuplicateEffect) as info:
@@ -133,7 +140,7 @@ def test_committed_is_duplicate(store):
 
 @pytest.mark.parametrize("begin", [False, True])
 @pytest.mark.parametrize("who", ["a1", "a2"])
-def test_live_lease_is_in_progress(store, clock, begin, who):
+def test_live_lease_is_in_progress(store: StoreOps, clock, begin, who):
     store.reserve_effect("k", "a1", LEASE)
     if begin:
         store.begin_execution("k", "a1")
@@ -144,7 +151,7 @@ def test_live_lease_is_in_progress(store, clock, begin, who):
     assert store.get_effect("k").attempt == 1
 
 
-def test_lapsed_executing_is_kept_ambiguous(store, clock):
+def test_lapsed_executing_is_kept_ambiguous(store: StoreOps, clock):
     executing(store)
     clock.advance(LEASE + TICK)
     with pytest.raises(AmbiguousEffect) as info:
@@ -158,7 +165,7 @@ def test_lapsed_executing_is_kept_ambiguous(store, clock):
     assert again.value.action_id == "a1"
 
 
-def test_reads_never_transition(store, clock):
+def test_reads_never_transition(store: StoreOps, clock):
     executing(store)
     clock.advance(hours=1)
     assert store.get_effect("k").state is EffectState.EXECUTING
@@ -170,7 +177,7 @@ def test_reads_never_transition(store, clock):
     [("", "a", LEASE), ("k", "", LEASE), ("k", "a", timedelta(0)), ("k", "a", -LEASE),
      (None, "a", LEASE), ("k", "a", 5)],
 )  # fmt: skip
-def test_reserve_refuses_bad_arguments(store, key, action_id, lease):
+def test_reserve_refuses_bad_arguments(store: StoreOps, key, action_id, lease):
     with pytest.raises(InvalidArgument):
         store.reserve_effect(key, action_id, lease)
     assert store.list_effects() == ()
@@ -179,7 +186,7 @@ def test_reserve_refuses_bad_arguments(store, key, action_id, lease):
 # --------------------------------------------------------------------------- transitions
 
 
-def test_begin_commit_result_round_trip(store):
+def test_begin_commit_result_round_trip(store: StoreOps):
     executing(store)
     result = {"id": "re_1", "amount": 10**30, "ok": True, "nested": [1, {"x": None}]}
     store.commit_effect("k", "a1", result)
@@ -188,7 +195,7 @@ def test_begin_commit_result_round_trip(store):
     assert record.result == result and type(record.result["ok"]) is bool
 
 
-def test_unencodable_result_stored_as_repr(store):
+def test_unencodable_result_stored_as_repr(store: StoreOps):
     executing(store)
 
     class Thing:
@@ -199,13 +206,13 @@ def test_unencodable_result_stored_as_repr(store):
     assert store.get_effect("k").result == "{'thing': <Thing>}"
 
 
-def test_error_text_made_storable(store):
+def test_error_text_made_storable(store: StoreOps):
     executing(store)
     store.fail_effect("k", "a1", "bad \udc80 byte")
     assert store.get_effect("k").error == "bad \\udc80 byte"
 
 
-def test_begin_refusals(store, clock):
+def test_begin_refusals(store: StoreOps, clock):
     with pytest.raises(InvalidArgument):
         store.begin_execution("nope", "a1")
     store.reserve_effect("k", "a1", LEASE)
@@ -221,7 +228,7 @@ def test_begin_refusals(store, clock):
     assert done.value.state == "committed"
 
 
-def test_commit_needs_executing(store):
+def test_commit_needs_executing(store: StoreOps):
     store.reserve_effect("k", "a1")
     with pytest.raises(InvalidArgument):
         store.commit_effect("k", "a1", 1)
@@ -230,14 +237,14 @@ def test_commit_needs_executing(store):
     assert store.get_effect("k").state is EffectState.RESERVED
 
 
-def test_slow_holder_may_commit_uncontested(store, clock):
+def test_slow_holder_may_commit_uncontested(store: StoreOps, clock):
     executing(store)
     clock.advance(hours=2)
     store.commit_effect("k", "a1", "late")
     assert store.get_effect("k").state is EffectState.COMMITTED
 
 
-def test_outcome_after_lapse_contested_is_refused(store, clock):
+def test_outcome_after_lapse_contested_is_refused(store: StoreOps, clock):
     executing(store)
     clock.advance(LEASE + TICK)
     with pytest.raises(AmbiguousEffect):
@@ -249,7 +256,7 @@ def test_outcome_after_lapse_contested_is_refused(store, clock):
 
 
 @pytest.mark.parametrize("begin", [False, True])
-def test_mark_ambiguous_from_reserved_or_executing(store, begin):
+def test_mark_ambiguous_from_reserved_or_executing(store: StoreOps, begin):
     store.reserve_effect("k", "a1")
     if begin:
         store.begin_execution("k", "a1")
@@ -261,7 +268,7 @@ def test_mark_ambiguous_from_reserved_or_executing(store, begin):
     )  # fmt: skip
 
 
-def test_mark_ambiguous_refusals(store):
+def test_mark_ambiguous_refusals(store: StoreOps):
     store.reserve_effect("k", "a1")
     with pytest.raises(DuplicateEffect):
         store.mark_ambiguous("k", "a2", "x")
@@ -276,7 +283,7 @@ def test_mark_ambiguous_refusals(store):
 
 
 @pytest.mark.parametrize("target", [EffectState.COMMITTED, EffectState.FAILED, "failed"])
-def test_resolve_from_ambiguous(store, target):
+def test_resolve_from_ambiguous(store: StoreOps, target):
     executing(store)
     store.mark_ambiguous("k", "a1", "TimeoutError: boom")
     record = store.resolve_effect("k", target, "cli:local")
@@ -286,14 +293,14 @@ def test_resolve_from_ambiguous(store, target):
     assert store.get_effect("k") == record
 
 
-def test_resolve_without_old_error(store):
+def test_resolve_without_old_error(store: StoreOps):
     store.reserve_effect("k", "a1")
     store.mark_ambiguous("k", "a1", None)
     record = store.resolve_effect("k", "committed", "reconcile:stripe.refund")
     assert record.error == "resolved committed by reconcile:stripe.refund"
 
 
-def test_resolve_refusals_leave_record_unchanged(store, clock):
+def test_resolve_refusals_leave_record_unchanged(store: StoreOps, clock):
     with pytest.raises(InvalidArgument):
         store.resolve_effect("nope", EffectState.COMMITTED, "cli:local")
     executing(store)
@@ -312,7 +319,7 @@ def test_resolve_refusals_leave_record_unchanged(store, clock):
     assert before.state is EffectState.EXECUTING
 
 
-def test_resolved_failed_renews_and_clears_resolver(store):
+def test_resolved_failed_renews_and_clears_resolver(store: StoreOps):
     executing(store)
     store.mark_ambiguous("k", "a1", "x")
     store.resolve_effect("k", EffectState.FAILED, "cli:local")
@@ -324,7 +331,7 @@ def test_resolved_failed_renews_and_clears_resolver(store):
     "text", ["", "two\nlines", "tab\there", "nul\x00", "zw\u200bsp", "ls\u2028x", "ps\u2029x",
              "c1\x85x", "bidi\u202ex", 7, None],
 )  # fmt: skip
-def test_resolver_and_approver_text_checked(store, clock, text):
+def test_resolver_and_approver_text_checked(store: StoreOps, clock, text):
     store.reserve_effect("k", "a1")
     store.mark_ambiguous("k", "a1", "x")
     with pytest.raises(InvalidArgument):
@@ -338,7 +345,7 @@ def test_resolver_and_approver_text_checked(store, clock, text):
     assert store.get_approval(request.request_id).status is ApprovalStatus.PENDING
 
 
-def test_extend_lease(store, clock):
+def test_extend_lease(store: StoreOps, clock):
     until = clock() + timedelta(hours=1)
     with pytest.raises(AmbiguousEffect):
         store.extend_lease("k", "a1", until)
@@ -366,7 +373,7 @@ def test_extend_lease(store, clock):
     assert done.value.state == "committed"
 
 
-def test_list_effects_order_and_filter(store, clock):
+def test_list_effects_order_and_filter(store: StoreOps, clock):
     for key in ("c", "a", "b"):
         store.reserve_effect(key, "x" + key)
         clock.advance(seconds=1)
@@ -381,7 +388,7 @@ def test_list_effects_order_and_filter(store, clock):
 # --------------------------------------------------------------------------- approvals
 
 
-def test_request_round_trip(store, clock):
+def test_request_round_trip(store: StateStore, clock):
     principal = Principal(
         "agent-1",
         "user-1",
@@ -409,7 +416,7 @@ def test_request_round_trip(store, clock):
     assert record.request.policy_hash == "sha256:" + "b" * 64
 
 
-def test_request_id_reuse_refused(store, clock):
+def test_request_id_reuse_refused(store: StateStore, clock):
     request = put_request(store, clock)
     store.grant_approval(request.request_id, "cli:local")
     with pytest.raises(InvalidArgument):
@@ -417,7 +424,7 @@ def test_request_id_reuse_refused(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.GRANTED
 
 
-def test_grant_and_answer_once(store, clock):
+def test_grant_and_answer_once(store: StateStore, clock):
     request = put_request(store, clock)
     clock.advance(seconds=5)
     approval = store.grant_approval(request.request_id, "cli:local")
@@ -431,7 +438,7 @@ def test_grant_and_answer_once(store, clock):
     assert (record.status, record.approver) == (ApprovalStatus.GRANTED, "cli:local")
 
 
-def test_deny_then_grant_refused(store, clock):
+def test_deny_then_grant_refused(store: StateStore, clock):
     request = put_request(store, clock)
     assert store.deny_approval(request.request_id, "cli:local") is None
     with pytest.raises(ApprovalMismatch) as info:
@@ -441,7 +448,7 @@ def test_deny_then_grant_refused(store, clock):
     assert (record.status, record.approver) == (ApprovalStatus.DENIED, "cli:local")
 
 
-def test_answer_unknown(store):
+def test_answer_unknown(store: StateStore):
     for answer in (store.grant_approval, store.deny_approval):
         with pytest.raises(ApprovalMismatch) as info:
             answer("apr_" + "0" * 32, "cli:local")
@@ -449,7 +456,7 @@ def test_answer_unknown(store):
 
 
 @pytest.mark.parametrize("answer", ["grant_approval", "deny_approval"])
-def test_answer_expiry_boundary(store, clock, answer):
+def test_answer_expiry_boundary(store: StateStore, clock, answer):
     on_time = put_request(store, clock, ttl=timedelta(minutes=1))
     late = put_request(store, clock, ttl=timedelta(minutes=1))
     clock.set(on_time.expires_at)
@@ -461,7 +468,7 @@ def test_answer_expiry_boundary(store, clock, answer):
     assert store.get_approval(late.request_id).status is ApprovalStatus.EXPIRED  # kept write
 
 
-def test_consume_checks_in_order(store, clock):
+def test_consume_checks_in_order(store: StateStore, clock):
     action = make_action()
     with pytest.raises(ApprovalMismatch) as unknown:
         store.consume_approval("apr_" + "1" * 32, action.action_hash)
@@ -485,7 +492,7 @@ def test_consume_checks_in_order(store, clock):
     assert consumed.value.reason == "consumed"
 
 
-def test_consume_denied_is_action_denied(store, clock):
+def test_consume_denied_is_action_denied(store: StateStore, clock):
     action = make_action()
     request = put_request(store, clock, action)
     store.deny_approval(request.request_id, "cli:local")
@@ -497,7 +504,7 @@ def test_consume_denied_is_action_denied(store, clock):
     assert mismatch.value.reason == "mismatch"
 
 
-def test_consume_expiry_boundary(store, clock):
+def test_consume_expiry_boundary(store: StateStore, clock):
     action = make_action()
     on_time = granted_request(store, clock, action)
     late = granted_request(store, clock, action)
@@ -513,7 +520,7 @@ def test_consume_expiry_boundary(store, clock):
     assert again.value.reason == "expired"
 
 
-def test_consume_and_reserve(store, clock):
+def test_consume_and_reserve(store: StoreOps, clock):
     action = make_action()
     request = granted_request(store, clock, action)
     approval, reservation = store.consume_approval_and_reserve(
@@ -524,7 +531,7 @@ def test_consume_and_reserve(store, clock):
     assert store.get_effect("refund:txn_1").state is EffectState.RESERVED
 
 
-def test_refused_reservation_leaves_approval_granted(store, clock):
+def test_refused_reservation_leaves_approval_granted(store: StoreOps, clock):
     action = make_action()
     executing(store, "refund:txn_1")
     store.commit_effect("refund:txn_1", "a1", None)
@@ -536,7 +543,7 @@ def test_refused_reservation_leaves_approval_granted(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.GRANTED
 
 
-def test_approval_refusal_wins(store, clock):
+def test_approval_refusal_wins(store: StoreOps, clock):
     action = make_action()
     request = granted_request(store, clock, action)
     store.consume_approval_and_reserve(request.request_id, action.action_hash, "k", "a1")
@@ -547,7 +554,7 @@ def test_approval_refusal_wins(store, clock):
     assert info.value.reason == "consumed"
 
 
-def test_lapsed_executing_kept_write_does_not_consume(store, clock):
+def test_lapsed_executing_kept_write_does_not_consume(store: StoreOps, clock):
     action = make_action()
     executing(store)
     clock.advance(LEASE + TICK)
@@ -558,7 +565,7 @@ def test_lapsed_executing_kept_write_does_not_consume(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.GRANTED
 
 
-def test_pending_approvals_filter(store, clock):
+def test_pending_approvals_filter(store: StateStore, clock):
     first = put_request(store, clock, ttl=timedelta(minutes=1))
     clock.advance(seconds=1)
     second = put_request(store, clock, ttl=timedelta(minutes=10))
@@ -575,7 +582,7 @@ def test_pending_approvals_filter(store, clock):
         store.pending_approvals(limit=-1)
 
 
-def test_approvals_for_and_finders(store, clock):
+def test_approvals_for_and_finders(store: StoreOps, clock):
     action, other = make_action(), make_action(amount=1)
     denied = put_request(store, clock, action)
     store.deny_approval(denied.request_id, "cli:local")
@@ -597,7 +604,7 @@ def test_approvals_for_and_finders(store, clock):
     assert store.find_denied_request(action.action_hash) is None
 
 
-def test_threshold_needs_distinct_verified_approvers(store, clock):
+def test_threshold_needs_distinct_verified_approvers(store: StateStore, clock):
     action = make_action()
     request = build_request(action, None, clock(), approvals_required=2)
     store.put_approval_request(request)
@@ -618,7 +625,7 @@ def test_threshold_needs_distinct_verified_approvers(store, clock):
 # --------------------------------------------------------------------------- evidence
 
 
-def test_events_ids_and_round_trip(store):
+def test_events_ids_and_round_trip(store: StoreOps):
     data = {"nested": {"a": [1, True, None, "☃"]}, "big": 10**25}
     first = store.append_event(make_event(EventType.ACTION_PROPOSED, **data))
     second = store.append_event(
@@ -632,7 +639,7 @@ def test_events_ids_and_round_trip(store):
     assert stored[1].to_dict()["approval_id"] == "apr_x"
 
 
-def test_receipts_chain(store):
+def test_receipts_chain(store: StoreOps):
     assert store.chain_head() == (0, GENESIS_HASH)
     placed = [store.put_receipt(make_receipt(n)) for n in range(3)]
     assert [r.seq for r in placed] == [1, 2, 3]
@@ -645,7 +652,7 @@ def test_receipts_chain(store):
     assert verify_chain(store).ok
 
 
-def test_duplicate_receipt_id_refused(store):
+def test_duplicate_receipt_id_refused(store: StoreOps):
     receipt = make_receipt()
     store.put_receipt(receipt)
     head = store.chain_head()
@@ -657,7 +664,7 @@ def test_duplicate_receipt_id_refused(store):
 # --------------------------------------------------------------------------- combined operations
 
 
-def test_start_attempt_reserves_into_executing(store, clock):
+def test_start_attempt_reserves_into_executing(store: StoreOps, clock):
     action = make_action()
     request = granted_request(store, clock, action)
     seen = []
@@ -677,7 +684,7 @@ def test_start_attempt_reserves_into_executing(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.CONSUMED
 
 
-def test_allowed_start_and_finish_store_their_events_without_handing_them_back(store):
+def test_allowed_start_and_finish_store_their_events_without_handing_them_back(store: StoreOps):
     """``return_events=False`` (a Control without sinks): the same rows are written, with ids,
     and ``()`` comes back; a taken key still plans from the stored record."""
     build = lambda approval, reservation: [  # noqa: E731
@@ -706,7 +713,7 @@ def test_allowed_start_and_finish_store_their_events_without_handing_them_back(s
     assert len(store.events()) == 3
 
 
-def test_start_attempt_without_key_or_approval(store):
+def test_start_attempt_without_key_or_approval(store: StateStore):
     approval, reservation, stored = store.start_attempt(
         action_id="a1", effect_key=None, lease=LEASE, approval_id=None, action_hash=None,
         events=lambda a, r: [make_event()],
@@ -714,7 +721,7 @@ def test_start_attempt_without_key_or_approval(store):
     assert (approval, reservation, len(stored)) == (None, None, 1)
 
 
-def test_start_attempt_refusal_writes_nothing(store, clock):
+def test_start_attempt_refusal_writes_nothing(store: StoreOps, clock):
     action = make_action()
     executing(store)
     request = granted_request(store, clock, action)
@@ -729,7 +736,7 @@ def test_start_attempt_refusal_writes_nothing(store, clock):
     assert store.get_effect("k").action_id == "a1"
 
 
-def test_start_attempt_kept_writes_only(store, clock):
+def test_start_attempt_kept_writes_only(store: StoreOps, clock):
     action = make_action()
     executing(store)
     clock.advance(LEASE + TICK)
@@ -749,7 +756,7 @@ def test_start_attempt_kept_writes_only(store, clock):
     assert store.get_effect("fresh") is None and store.events() == ()
 
 
-def test_start_attempt_callback_failure_rolls_back(store, clock):
+def test_start_attempt_callback_failure_rolls_back(store: StateStore, clock):
     action = make_action()
     request = granted_request(store, clock, action)
 
@@ -768,7 +775,7 @@ def test_start_attempt_callback_failure_rolls_back(store, clock):
 @pytest.mark.parametrize(
     "outcome", [EffectState.COMMITTED, EffectState.FAILED, EffectState.AMBIGUOUS]
 )
-def test_finish_attempt_writes_all(store, outcome):
+def test_finish_attempt_writes_all(store: StoreOps, outcome):
     store.start_attempt(action_id="a1", effect_key="k", lease=LEASE)
     before = store.transactions
     stored, receipt = store.finish_attempt(
@@ -785,7 +792,7 @@ def test_finish_attempt_writes_all(store, outcome):
     assert stored[0].event_id and receipt.seq == 1 and store.chain_head() == (1, receipt.hash)
 
 
-def test_finish_attempt_refused_writes_nothing(store, clock):
+def test_finish_attempt_refused_writes_nothing(store: StoreOps, clock):
     store.start_attempt(action_id="a1", effect_key="k", lease=LEASE)
     clock.advance(LEASE + TICK)
     with pytest.raises(AmbiguousEffect):
@@ -800,7 +807,7 @@ def test_finish_attempt_refused_writes_nothing(store, clock):
     assert store.get_effect("k").error == LAPSED_LEASE_ERROR
 
 
-def test_finish_attempt_bad_receipt_keeps_record_executing(store):
+def test_finish_attempt_bad_receipt_keeps_record_executing(store: StoreOps):
     taken = make_receipt()
     store.put_receipt(taken)
     store.start_attempt(action_id="a1", effect_key="k", lease=LEASE)
@@ -813,7 +820,7 @@ def test_finish_attempt_bad_receipt_keeps_record_executing(store):
     assert store.chain_head()[0] == 1
 
 
-def test_finish_attempt_argument_checks(store):
+def test_finish_attempt_argument_checks(store: StateStore):
     with pytest.raises(InvalidArgument):
         store.finish_attempt(effect_key="k", action_id="a1", outcome=None)
     with pytest.raises(InvalidArgument):
@@ -827,7 +834,7 @@ def test_finish_attempt_argument_checks(store):
     assert stored == () and receipt.seq == 1
 
 
-def test_record_and_transaction_count(store):
+def test_record_and_transaction_count(store: StoreOps):
     before = store.transactions
     stored, receipt = store.record(events=[make_event(), make_event()], receipt=make_receipt())
     assert [e.event_id for e in stored] == [e.event_id for e in store.events()]
@@ -842,7 +849,7 @@ def test_record_and_transaction_count(store):
 # --------------------------------------------------------------------------- providers
 
 
-def test_local_provider_polls_until_granted(store, clock):
+def test_local_provider_polls_until_granted(store: StoreOps, clock):
     sleeps = []
 
     def sleep(seconds: float) -> None:
@@ -859,7 +866,7 @@ def test_local_provider_polls_until_granted(store, clock):
     assert store.events() == ()  # providers append no events
 
 
-def test_local_provider_denied_expired_unknown(store, clock):
+def test_local_provider_denied_expired_unknown(store: StateStore, clock):
     provider = LocalApprovalProvider(store, clock=clock, sleep=lambda s: clock.advance(seconds=s))
     denied = provider.request(make_action(), timedelta(minutes=1))
     store.deny_approval(denied.request_id, "cli:local")
@@ -877,7 +884,7 @@ def test_local_provider_denied_expired_unknown(store, clock):
     assert unknown.value.reason == "unknown"
 
 
-def test_scripted_provider(store, clock):
+def test_scripted_provider(store: StateStore, clock):
     provider = ScriptedApprovalProvider(store, ["pending", "grant", "deny"], clock=clock)
     first = provider.request(make_action(), None)
     approval = provider.wait(first.request_id, None)
@@ -895,7 +902,7 @@ def test_scripted_provider(store, clock):
 # --------------------------------------------------------------------------- threads
 
 
-def test_threads_race_one_key_and_the_chain(store):
+def test_threads_race_one_key_and_the_chain(store: StoreOps):
     assert isinstance(store, StateStore)
     barrier = threading.Barrier(8)
     outcomes: list[str] = []
@@ -946,7 +953,7 @@ def _race(workers: int, task) -> list[object]:
     return outcomes
 
 
-def test_threads_answer_a_request_once(store, clock):
+def test_threads_answer_a_request_once(store: StateStore, clock):
     request = put_request(store, clock)
 
     def answer(worker: int) -> str:
@@ -965,7 +972,7 @@ def test_threads_answer_a_request_once(store, clock):
     assert record.status.value == winners[0] and record.approver.startswith("cli:w")
 
 
-def test_threads_consume_an_approval_once(store, clock):
+def test_threads_consume_an_approval_once(store: StoreOps, clock):
     action = make_action()
     request = granted_request(store, clock, action)
     outcomes = _race(
@@ -984,7 +991,7 @@ def test_threads_consume_an_approval_once(store, clock):
     assert store.get_approval(request.request_id).status is ApprovalStatus.CONSUMED
 
 
-def test_threads_renew_a_failed_key_once(store):
+def test_threads_renew_a_failed_key_once(store: StoreOps):
     executing(store)
     store.fail_effect("k", "a1", "remote said no")
     outcomes = _race(8, lambda w: store.reserve_effect("k", f"retry_{w}").attempt)
@@ -994,7 +1001,7 @@ def test_threads_renew_a_failed_key_once(store):
     assert store.get_effect("k").attempt == 2
 
 
-def test_threads_lapsed_executing_turns_ambiguous_once(store, clock):
+def test_threads_lapsed_executing_turns_ambiguous_once(store: StoreOps, clock):
     executing(store)
     clock.advance(LEASE + TICK)
     outcomes = _race(8, lambda w: store.reserve_effect("k", f"retry_{w}"))
@@ -1003,7 +1010,7 @@ def test_threads_lapsed_executing_turns_ambiguous_once(store, clock):
     assert (record.state, record.action_id, record.attempt) == (EffectState.AMBIGUOUS, "a1", 1)
 
 
-def test_threads_events_get_unique_increasing_ids(store):
+def test_threads_events_get_unique_increasing_ids(store: StoreOps):
     outcomes = _race(8, lambda w: [store.append_event(make_event(n=w)).event_id for _ in range(5)])
     for ids in outcomes:
         assert ids == sorted(ids)  # one writer's appends are numbered in its order
@@ -1012,7 +1019,7 @@ def test_threads_events_get_unique_increasing_ids(store):
     assert [e.event_id for e in store.events()] == sorted(every)
 
 
-def test_attempt_numbers_never_repeat(store, clock):
+def test_attempt_numbers_never_repeat(store: StoreOps, clock):
     attempts = []
     for n in range(4):
         attempts.append(store.reserve_effect("k", f"a{n}", LEASE).attempt)
@@ -1024,7 +1031,7 @@ def test_attempt_numbers_never_repeat(store, clock):
     assert attempts == [1, 2, 3, 4]
 
 
-def test_stale_writer_is_refused(store):
+def test_stale_writer_is_refused(store: StoreOps):
     """C4: a conditional write that read an older version of the record changes nothing."""
     store.reserve_effect("k", "a1")
     stale = store.get_effect("k")
@@ -1042,7 +1049,7 @@ def test_stale_writer_is_refused(store):
 # --------------------------------------------------------------------------- boundaries
 
 
-def test_exactly_at_expiry_everything_still_valid(store, clock):
+def test_exactly_at_expiry_everything_still_valid(store: StoreOps, clock):
     action = make_action()
     pending = put_request(store, clock, action)
     granted = granted_request(store, clock, action)
@@ -1054,7 +1061,7 @@ def test_exactly_at_expiry_everything_still_valid(store, clock):
     assert store.find_granted_approval(action.action_hash) is None
 
 
-def test_renewal_after_resolved_failed_and_lapsed_reserved_keeps_created_at(store, clock):
+def test_renewal_after_resolved_failed_and_lapsed_reserved_keeps_created_at(store: StoreOps, clock):
     store.reserve_effect("k", "a1", LEASE)
     created = store.get_effect("k").created_at
     clock.advance(LEASE + TICK)
@@ -1068,7 +1075,7 @@ def test_renewal_after_resolved_failed_and_lapsed_reserved_keeps_created_at(stor
     assert (record.error, record.resolved_by, record.result) == (None, None, None)
 
 
-def test_nul_is_refused_in_identifiers_and_escaped_in_errors(store, clock):
+def test_nul_is_refused_in_identifiers_and_escaped_in_errors(store: StoreOps, clock):
     """No backend keeps what another cannot: Postgres text holds no NUL, so none does."""
     with pytest.raises(InvalidArgument):
         store.reserve_effect("k\x00", "a1")
@@ -1093,7 +1100,7 @@ def test_nul_is_refused_in_identifiers_and_escaped_in_errors(store, clock):
 # --------------------------------------------------------------------------- round trips
 
 
-def test_effect_record_round_trips_every_field(store, clock):
+def test_effect_record_round_trips_every_field(store: StoreOps, clock):
     clock.set(datetime(2026, 11, 30, 9, 0, 0, 123457, tzinfo=timezone.utc))
     reservation = store.reserve_effect("refund:ünï/κ", "act_é", timedelta(seconds=1.5))
     record = store.get_effect("refund:ünï/κ")
@@ -1117,7 +1124,7 @@ def test_effect_record_round_trips_every_field(store, clock):
         assert type(store.get_effect(key).result) is type(scalar)
 
 
-def test_approval_record_round_trips_every_field(store, clock):
+def test_approval_record_round_trips_every_field(store: StateStore, clock):
     action = make_action()
     request = build_request(
         action, timedelta(minutes=7), clock(), policy_hash="sha256:" + "c" * 64,
@@ -1141,7 +1148,7 @@ def test_approval_record_round_trips_every_field(store, clock):
     assert record.request.approvals_required == 2
 
 
-def test_receipt_round_trips_every_field(store):
+def test_receipt_round_trips_every_field(store: StoreOps):
     full = Receipt(
         **{
             **{f: getattr(make_receipt(), f) for f in (

@@ -1,4 +1,8 @@
-"""State stores: the ``StateStore`` protocol, the in-memory store and the SQLite store."""
+"""State stores: the ``StateStore`` protocol, the in-memory store and the SQLite store.
+
+The Postgres store (``store/postgres.py``, public as ``ctrlrun.postgres``) loads only when a URL
+names it, so importing this package never needs its driver.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ def open_store_url(
             raise InvalidArgument(f"store URL {url!r} names no file: use sqlite://<path>")
         return SQLiteStateStore(path, clock=clock, migrate=migrate)
     if url.startswith(("postgresql://", "postgres://")):
-        from ..postgres import PostgresStateStore, split_store_url
+        from .postgres import PostgresStateStore, split_store_url
 
         conninfo, schema = split_store_url(url)
         return PostgresStateStore(

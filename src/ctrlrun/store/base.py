@@ -1,53 +1,43 @@
-"""The ``StateStore`` protocol: the durable state behind a Control, as every backend offers it."""
+"""The ``StateStore`` protocol: what ``Control``, the approval providers and the CLI call.
+
+Nothing else is in it, so a backend (or a test double) needs only these methods. Every ctrlrun
+store also has the rest of the store API (the single effect transitions, the approval finders,
+``events``, ``put_receipt``, ``transactions``) from their shared implementation, ``StoreOps``.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from ..action import Action
 from ..approvals import Approval, ApprovalRecord, ApprovalRequest, VerifiedApprover
 from ..effect import EffectRecord, EffectState, Reservation
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..receipt import Event, EventRow, Receipt, ReceiptDraft, UnreadableReceipt
 
 __all__ = ["StateStore"]
 
 
 @runtime_checkable
 class StateStore(Protocol):
-    """Effects, approvals, events and the receipt chain; each write decides and writes at once."""
+    """Effects, approvals, events and the receipt chain; each write decides and writes at once.
 
-    transactions: int
+    Who calls what: ``Control`` runs a call through ``start_attempt``, ``finish_attempt`` and
+    ``record``, and reads ``get_approval`` and ``get_effect``; an approved call without an effect
+    key spends its approval with ``consume_approval``, a reconcile hook settles an effect with
+    ``resolve_effect``. The approval providers ask and answer with ``put_approval_request``,
+    ``get_approval``, ``grant_approval`` and ``deny_approval``. The operator commands list
+    (``pending_approvals``, ``list_effects``, ``receipts``, ``chain_head`` to verify the chain),
+    answer and resolve, record their act with ``append_event``, and ``close`` the store.
+    """
 
     # effects
-    def reserve_effect(
-        self, effect_key: str, action_id: str, lease: timedelta = ...
-    ) -> Reservation: ...
-
-    def consume_approval_and_reserve(
-        self,
-        approval_id: str,
-        action_hash: str,
-        effect_key: str,
-        action_id: str,
-        lease: timedelta = ...,
-    ) -> tuple[Approval, Reservation]: ...
-
     def consume_approval(self, approval_id: str, action_hash: str) -> Approval: ...
-
-    def begin_execution(self, effect_key: str, action_id: str) -> None: ...
-
-    def commit_effect(self, effect_key: str, action_id: str, result: Any = None) -> None: ...
-
-    def fail_effect(self, effect_key: str, action_id: str, error: str | None) -> None: ...
-
-    def mark_ambiguous(self, effect_key: str, action_id: str, error: str | None) -> None: ...
 
     def resolve_effect(
         self, effect_key: str, state: EffectState | str, resolver: str
     ) -> EffectRecord: ...
-
-    def extend_lease(self, effect_key: str, action_id: str, until: datetime) -> None: ...
 
     def get_effect(self, effect_key: str) -> EffectRecord | None: ...
 
@@ -59,7 +49,12 @@ class StateStore(Protocol):
     def get_approval(self, approval_id: str) -> ApprovalRecord | None: ...
 
     def grant_approval(
-        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+        self,
+        approval_id: str,
+        approver: str,
+        *,
+        verified: VerifiedApprover | None = None,
+        edited_action: Action | None = None,
     ) -> Approval | None: ...
 
     def deny_approval(
@@ -68,18 +63,8 @@ class StateStore(Protocol):
 
     def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]: ...
 
-    def approvals_for(self, action_hash: str) -> tuple[ApprovalRecord, ...]: ...
-
-    def find_granted_approval(self, action_hash: str) -> Approval | None: ...
-
-    def find_denied_request(self, action_hash: str) -> ApprovalRequest | None: ...
-
     # evidence
     def append_event(self, event: Event) -> Event: ...
-
-    def events(self) -> tuple[Event, ...]: ...
-
-    def put_receipt(self, receipt: Receipt) -> Receipt: ...
 
     def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]: ...
 
@@ -94,15 +79,17 @@ class StateStore(Protocol):
         lease: timedelta = ...,
         approval_id: str | None = None,
         action_hash: str | None = None,
-        events: Callable[[Approval | None, Reservation | None], Sequence[Event]] | None = None,
+        events: Callable[[Approval | None, Reservation | None], Sequence[Event | EventRow]]
+        | None = None,
         return_events: bool = True,
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
         """Consume the presented approval, reserve the key into ``executing``, append the events.
 
         Refusals raise as ``consume_approval_and_reserve`` does and write nothing but its two kept
         writes; ``events`` is called inside the transaction (maybe twice, when the store has to
-        plan the start anew) and must not call the store. The stored events are handed back
-        unless ``return_events`` is False (then ``()``: no id is read back).
+        plan the start anew) and must not call the store; it may answer ``Event`` objects or
+        rows (``EventRow``). The stored events are handed back unless ``return_events`` is
+        False (then ``()``: no id is read back, no object made).
         """
         ...
 
@@ -114,17 +101,22 @@ class StateStore(Protocol):
         outcome: EffectState | str | None,
         result: Any = None,
         error: str | None = None,
-        events: Sequence[Event] = (),
-        receipt: Receipt | None = None,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
         return_events: bool = True,
-    ) -> tuple[tuple[Event, ...], Receipt | None]:
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
         """Write the outcome, events and receipt together; a refused outcome writes nothing. The
-        stored events are handed back unless ``return_events`` is False (then ``()``)."""
+        stored events are handed back unless ``return_events`` is False (then ``()``); a
+        ``ReceiptDraft`` comes back placed."""
         ...
 
     def record(
-        self, *, events: Sequence[Event] = (), receipt: Receipt | None = None
-    ) -> tuple[tuple[Event, ...], Receipt | None]:
+        self,
+        *,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
+        return_events: bool = True,
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
         """Append events and chain a receipt in one transaction."""
         ...
 

@@ -336,7 +336,14 @@ def _effect_state(state: Any) -> EffectState | None:
 
 
 class StoreOps:
-    """The whole ``StateStore`` API over ``_write``/``_read``, which a backend implements."""
+    """The whole store API over ``_write``/``_read``, which a backend implements.
+
+    Beyond the ``StateStore`` protocol it offers what only tests, benchmarks and tools call: the
+    single steps (``reserve_effect``, ``consume_approval_and_reserve``, ``begin_execution``,
+    ``commit_effect``, ``fail_effect``, ``mark_ambiguous``, ``extend_lease``), the approval
+    finders (``approvals_for``, ``find_granted_approval``, ``find_denied_request``), ``events``,
+    ``put_receipt`` and ``transactions`` (write transactions so far).
+    """
 
     def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
         if not callable(clock):

@@ -1,11 +1,38 @@
-"""The tables (one SQLAlchemy ``MetaData``), the recorded migrations, and their classification."""
+"""The tables (one SQLAlchemy ``MetaData``), the one migration list, and its classification.
+
+The ``MetaData`` is the only description of the schema. Each migration is a list of
+dialect-neutral steps (``CreateTable``, ``CreateIndex``, ``AddColumn``, a seed ``INSERT``) built
+from it; SQLAlchemy writes each step's DDL for the connection's dialect, and the Postgres schema
+comes from the same ``schema_translate_map`` every other statement of the store uses.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-from sqlalchemy import Column, Connection, Integer, MetaData, Table, Text, inspect, select
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    Connection,
+    Executable,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable, ExecutableDDLElement
+from sqlalchemy.sql.compiler import DDLCompiler, GenericTypeCompiler
 
 from .._time import format_precise, utc_now
 from ..errors import SchemaMismatch
@@ -14,12 +41,17 @@ from ..receipt import GENESIS_HASH
 __all__ = [
     "HEAD",
     "MIGRATIONS",
+    "SCHEMA_MIGRATIONS",
+    "AddColumn",
+    "BytewiseText",
+    "Migration",
     "apply_migrations",
     "approvals",
     "classify",
     "effects",
     "events",
     "metadata",
+    "migration_sql",
     "read_schema",
     "receipt_chain",
     "receipts",
@@ -27,230 +59,209 @@ __all__ = [
     "schema_version",
 ]
 
+
+# --------------------------------------------------------------------------- column types
+
+
+class BytewiseText(Text):
+    """Text that compares byte by byte on every dialect, so identifiers never fold and ISO
+    timestamps sort like the times they spell.
+
+    Postgres DDL declares it ``TEXT COLLATE "C"``; SQLite's ``TEXT`` already compares bytewise.
+    Only the DDL says so: bound parameters stay plain text, as for any ``Text`` column.
+    """
+
+
+@compiles(BytewiseText, "postgresql")
+def _bytewise_postgresql(type_: BytewiseText, compiler: GenericTypeCompiler, **kw: Any) -> str:
+    return 'TEXT COLLATE "C"'
+
+
+@compiles(BytewiseText)
+def _bytewise_default(type_: BytewiseText, compiler: GenericTypeCompiler, **kw: Any) -> str:
+    return compiler.visit_TEXT(type_, **kw)
+
+
+# A counter that may pass 2**31 (event ids, receipt sequence numbers): BIGINT on Postgres. SQLite
+# keeps INTEGER (64-bit there), which its rowid and AUTOINCREMENT require.
+_COUNTER = Integer().with_variant(BigInteger(), "postgresql")
+_ID = BytewiseText  # identifiers and timestamps
+_JSON = Text  # payloads: compared by nobody, stored in the database's own collation
+
+
+def _key(name: str, type_: Any, *constraints: CheckConstraint) -> Column[Any]:
+    """A primary-key column as ``<name> <type> PRIMARY KEY`` declares it: SQLite's catalog keeps
+    such a key nullable (Postgres makes every key NOT NULL anyway); nothing autoincrements."""
+    return Column(name, type_, *constraints, primary_key=True, nullable=True, autoincrement=False)
+
+
+# --------------------------------------------------------------------------- the tables
+
 metadata = MetaData()
 
 schema_version = Table(
     "schema_version",
     metadata,
-    Column("migration_id", Text, primary_key=True),
-    Column("applied_at", Text, nullable=False),
-    Column("ctrlrun_version", Text, nullable=False),
+    _key("migration_id", _ID),
+    Column("applied_at", _ID, nullable=False),
+    Column("ctrlrun_version", _ID, nullable=False),
 )
 
 effects = Table(
     "effects",
     metadata,
-    Column("effect_key", Text, primary_key=True),
-    Column("state", Text, nullable=False),
-    Column("action_id", Text, nullable=False),
-    Column("attempt", Integer, nullable=False, default=1),
-    Column("lease_expires_at", Text),
-    Column("result_json", Text),
+    _key("effect_key", _ID),
+    Column("state", _ID, nullable=False),
+    Column("action_id", _ID, nullable=False),
+    Column("attempt", Integer, nullable=False, default=1, server_default=text("1")),
+    Column("lease_expires_at", _ID),
+    Column("result_json", _JSON),
     Column("error", Text),
-    Column("created_at", Text, nullable=False),
-    Column("updated_at", Text, nullable=False),
-    Column("resolved_by", Text),
+    Column("created_at", _ID, nullable=False),
+    Column("updated_at", _ID, nullable=False),
+    Column("resolved_by", _ID),
 )
+Index("effects_state", effects.c.state)
 
 approvals = Table(
     "approvals",
     metadata,
-    Column("approval_id", Text, primary_key=True),
-    Column("action_hash", Text, nullable=False),
-    Column("status", Text, nullable=False),
-    Column("action_json", Text, nullable=False),
-    Column("approver", Text),
-    Column("created_at", Text, nullable=False),
-    Column("granted_at", Text),
-    Column("expires_at", Text, nullable=False),
-    Column("consumed_at", Text),
-    Column("policy_hash_at_approval", Text),
-    Column("precondition_fingerprint", Text),
-    Column("approvers", Text),
-    Column("required_roles", Text),
+    _key("approval_id", _ID),
+    Column("action_hash", _ID, nullable=False),
+    Column("status", _ID, nullable=False),
+    Column("action_json", _JSON, nullable=False),
+    Column("approver", _ID),
+    Column("created_at", _ID, nullable=False),
+    Column("granted_at", _ID),
+    Column("expires_at", _ID, nullable=False),
+    Column("consumed_at", _ID),
+    Column("policy_hash_at_approval", _ID),
+    Column("precondition_fingerprint", _ID),
+    # two JSON lists; 0001 declared the first COLLATE "C" on Postgres and the second not
+    Column("approvers", _ID, nullable=False, server_default=text("'[]'")),
+    Column("required_roles", _JSON, nullable=False, server_default=text("'[]'")),
     Column("approvals_required", Integer),
-    Column("edited_action_json", Text),
-    Column("edited_action_hash", Text),
+    # approve with edits: the action the human approved instead, and its hash (what binds)
+    Column("edited_action_json", _JSON),
+    Column("edited_action_hash", _ID),
 )
+Index("approvals_action_hash", approvals.c.action_hash)
+Index("approvals_status_expires", approvals.c.status, approvals.c.expires_at)
 
 events = Table(
     "events",
     metadata,
-    Column("event_id", Integer, primary_key=True, autoincrement=True),
-    Column("ts", Text, nullable=False),
-    Column("type", Text, nullable=False),
-    Column("action_id", Text),
-    Column("effect_key", Text),
-    Column("approval_id", Text),
-    Column("data_json", Text, nullable=False),
+    # SQLite: INTEGER PRIMARY KEY AUTOINCREMENT, the rowid (ids never reused); Postgres: BIGINT
+    # GENERATED ALWAYS AS IDENTITY. An identity is NOT NULL, so SQLite's DDL says NOT NULL too,
+    # which changes nothing there: a rowid is never NULL (one inserted as NULL is assigned).
+    Column("event_id", _COUNTER, Identity(always=True), primary_key=True),
+    Column("ts", _ID, nullable=False),
+    Column("type", _ID, nullable=False),
+    Column("action_id", _ID),
+    Column("effect_key", _ID),
+    Column("approval_id", _ID),
+    Column("data_json", _JSON, nullable=False),
+    sqlite_autoincrement=True,
 )
 
 receipts = Table(
     "receipts",
     metadata,
-    Column("receipt_id", Text, primary_key=True),
-    Column("action_id", Text),
-    Column("effect_key", Text),
-    Column("result", Text),
-    Column("json", Text),
-    Column("ts", Text),
-    Column("seq", Integer, unique=True),
-    Column("prev_hash", Text),
-    Column("hash", Text),
+    _key("receipt_id", _ID),
+    Column("action_id", _ID),
+    Column("effect_key", _ID),
+    Column("result", _ID),
+    Column("json", _JSON),
+    Column("ts", _ID),
+    Column("seq", _COUNTER, unique=True),
+    Column("prev_hash", _ID),
+    Column("hash", _ID),
 )
 
 receipt_chain = Table(
     "receipt_chain",
     metadata,
-    Column("id", Integer, primary_key=True),
-    Column("seq", Integer, nullable=False),
-    Column("hash", Text, nullable=False),
+    _key("id", Integer, CheckConstraint("id = 1")),  # the one row
+    Column("seq", _COUNTER, nullable=False),
+    Column("hash", _ID, nullable=False),
 )
 
-# Plain SQL per dialect, forward-only; ids sort in application order. Postgres statements name
-# their schema through ``{s}`` (the quoted schema, filled in by ``apply_migrations``); every text
-# column there compares bytewise (``COLLATE "C"``), as SQLite's and Python's comparisons do, so
-# identifiers never fold and the ISO timestamps sort like the times they spell.
-_SCHEMA_VERSION_DDL = {
-    "sqlite": (
-        "CREATE TABLE schema_version (migration_id TEXT PRIMARY KEY, "
-        "applied_at TEXT NOT NULL, ctrlrun_version TEXT NOT NULL)"
-    ),
-    "postgresql": (
-        'CREATE TABLE {s}.schema_version (migration_id TEXT COLLATE "C" PRIMARY KEY, '
-        'applied_at TEXT COLLATE "C" NOT NULL, ctrlrun_version TEXT COLLATE "C" NOT NULL)'
-    ),
-}
 
-_0001_SQLITE = (
-    """CREATE TABLE effects (
-        effect_key TEXT PRIMARY KEY,
-        state TEXT NOT NULL,
-        action_id TEXT NOT NULL,
-        attempt INTEGER NOT NULL DEFAULT 1,
-        lease_expires_at TEXT,
-        result_json TEXT,
-        error TEXT,
-        created_at TEXT NOT NULL,
-        updated_at TEXT NOT NULL,
-        resolved_by TEXT)""",
-    "CREATE INDEX effects_state ON effects (state)",
-    """CREATE TABLE approvals (
-        approval_id TEXT PRIMARY KEY,
-        action_hash TEXT NOT NULL,
-        status TEXT NOT NULL,
-        action_json TEXT NOT NULL,
-        approver TEXT,
-        created_at TEXT NOT NULL,
-        granted_at TEXT,
-        expires_at TEXT NOT NULL,
-        consumed_at TEXT,
-        policy_hash_at_approval TEXT,
-        precondition_fingerprint TEXT,
-        approvers TEXT NOT NULL DEFAULT '[]',
-        required_roles TEXT NOT NULL DEFAULT '[]',
-        approvals_required INTEGER)""",
-    "CREATE INDEX approvals_action_hash ON approvals (action_hash)",
-    "CREATE INDEX approvals_status_expires ON approvals (status, expires_at)",
-    """CREATE TABLE events (
-        event_id INTEGER PRIMARY KEY AUTOINCREMENT,
-        ts TEXT NOT NULL,
-        type TEXT NOT NULL,
-        action_id TEXT,
-        effect_key TEXT,
-        approval_id TEXT,
-        data_json TEXT NOT NULL)""",
-    """CREATE TABLE receipts (
-        receipt_id TEXT PRIMARY KEY,
-        action_id TEXT,
-        effect_key TEXT,
-        result TEXT,
-        json TEXT,
-        ts TEXT,
-        seq INTEGER UNIQUE,
-        prev_hash TEXT,
-        hash TEXT)""",
-    """CREATE TABLE receipt_chain (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        seq INTEGER NOT NULL,
-        hash TEXT NOT NULL)""",
-    f"INSERT INTO receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
+# --------------------------------------------------------------------------- migration steps
+
+
+class AddColumn(ExecutableDDLElement):
+    """``ALTER TABLE <table> ADD COLUMN <the column as the MetaData declares it>``."""
+
+    inherit_cache = False
+
+    def __init__(self, column: Column[Any]) -> None:
+        self.column = column
+
+
+@compiles(AddColumn)
+def _add_column(element: AddColumn, compiler: DDLCompiler, **kw: Any) -> str:
+    table = compiler.preparer.format_table(element.column.table)
+    return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column), **kw)}"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One recorded change: its id (as ``schema_version`` stores it) and its ordered steps."""
+
+    migration_id: str
+    steps: tuple[Executable, ...]
+
+
+def _as_of_creation(migrations: tuple[Migration, ...]) -> tuple[Migration, ...]:
+    """Each ``CreateTable`` step without the columns a later ``AddColumn`` step brings, so every
+    migration writes today what it wrote when it was released."""
+    added = {
+        (step.column.table.name, step.column.name)
+        for migration in migrations
+        for step in migration.steps
+        if isinstance(step, AddColumn)
+    }
+    for migration in migrations:
+        for step in migration.steps:
+            if isinstance(step, CreateTable):
+                name = step.element.name
+                step.columns = [c for c in step.columns if (name, c.element.name) not in added]
+    return migrations
+
+
+def _index(table: Table, name: str) -> CreateIndex:
+    (index,) = (i for i in table.indexes if i.name == name)
+    return CreateIndex(index)
+
+
+# Forward-only; ids sort in application order. Never edit a released migration: add one.
+SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
+    (
+        Migration(
+            "0001_initial",
+            (
+                CreateTable(effects),
+                _index(effects, "effects_state"),
+                CreateTable(approvals),
+                _index(approvals, "approvals_action_hash"),
+                _index(approvals, "approvals_status_expires"),
+                CreateTable(events),
+                CreateTable(receipts),
+                CreateTable(receipt_chain),
+                receipt_chain.insert().values(id=1, seq=0, hash=GENESIS_HASH),
+            ),
+        ),
+        Migration(
+            "0002_approval_edits",
+            (AddColumn(approvals.c.edited_action_json), AddColumn(approvals.c.edited_action_hash)),
+        ),
+    )
 )
 
-_C = 'TEXT COLLATE "C"'
-
-_0001_POSTGRESQL = (
-    f"""CREATE TABLE {{s}}.effects (
-        effect_key {_C} PRIMARY KEY,
-        state {_C} NOT NULL,
-        action_id {_C} NOT NULL,
-        attempt INTEGER NOT NULL DEFAULT 1,
-        lease_expires_at {_C},
-        result_json TEXT,
-        error TEXT,
-        created_at {_C} NOT NULL,
-        updated_at {_C} NOT NULL,
-        resolved_by {_C})""",
-    "CREATE INDEX effects_state ON {s}.effects (state)",
-    f"""CREATE TABLE {{s}}.approvals (
-        approval_id {_C} PRIMARY KEY,
-        action_hash {_C} NOT NULL,
-        status {_C} NOT NULL,
-        action_json TEXT NOT NULL,
-        approver {_C},
-        created_at {_C} NOT NULL,
-        granted_at {_C},
-        expires_at {_C} NOT NULL,
-        consumed_at {_C},
-        policy_hash_at_approval {_C},
-        precondition_fingerprint {_C},
-        approvers {_C} NOT NULL DEFAULT '[]',
-        required_roles TEXT NOT NULL DEFAULT '[]',
-        approvals_required INTEGER)""",
-    "CREATE INDEX approvals_action_hash ON {s}.approvals (action_hash)",
-    "CREATE INDEX approvals_status_expires ON {s}.approvals (status, expires_at)",
-    f"""CREATE TABLE {{s}}.events (
-        event_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-        ts {_C} NOT NULL,
-        type {_C} NOT NULL,
-        action_id {_C},
-        effect_key {_C},
-        approval_id {_C},
-        data_json TEXT NOT NULL)""",
-    f"""CREATE TABLE {{s}}.receipts (
-        receipt_id {_C} PRIMARY KEY,
-        action_id {_C},
-        effect_key {_C},
-        result {_C},
-        json TEXT,
-        ts {_C},
-        seq BIGINT UNIQUE,
-        prev_hash {_C},
-        hash {_C})""",
-    f"""CREATE TABLE {{s}}.receipt_chain (
-        id INTEGER PRIMARY KEY CHECK (id = 1),
-        seq BIGINT NOT NULL,
-        hash {_C} NOT NULL)""",
-    f"INSERT INTO {{s}}.receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
-)
-
-# Approve with edits: the action the human approved instead, and its hash (what the grant binds).
-_0002_SQLITE = (
-    "ALTER TABLE approvals ADD COLUMN edited_action_json TEXT",
-    "ALTER TABLE approvals ADD COLUMN edited_action_hash TEXT",
-)
-_0002_POSTGRESQL = (
-    "ALTER TABLE {s}.approvals ADD COLUMN edited_action_json TEXT",
-    f"ALTER TABLE {{s}}.approvals ADD COLUMN edited_action_hash {_C}",
-)
-
-_MIGRATION_SQL: dict[str, dict[str, tuple[str, ...]]] = {
-    "0001_initial": {"sqlite": _0001_SQLITE, "postgresql": _0001_POSTGRESQL},
-    "0002_approval_edits": {"sqlite": _0002_SQLITE, "postgresql": _0002_POSTGRESQL},
-}
-
-MIGRATIONS: tuple[str, ...] = ("0001_initial", "0002_approval_edits")
+MIGRATIONS: tuple[str, ...] = tuple(m.migration_id for m in SCHEMA_MIGRATIONS)
 HEAD = MIGRATIONS[-1]
+_BY_ID = {m.migration_id: m for m in SCHEMA_MIGRATIONS}
 
 
 def running_version() -> str:
@@ -319,6 +330,10 @@ def classify(
     return known[len(recorded) :]
 
 
+def _translate(schema: str | None) -> dict[str, Any]:
+    return {"schema_translate_map": {None: schema}} if schema else {}
+
+
 def apply_migrations(
     conn: Connection,
     missing: Sequence[str],
@@ -326,29 +341,45 @@ def apply_migrations(
     create_version_table: bool,
     schema: str | None = None,
 ) -> None:
-    """Run each missing migration's DDL and ``schema_version`` row in the caller's transaction.
+    """Run each missing migration's steps and ``schema_version`` row in the caller's transaction.
 
-    Postgres statements are written into ``schema`` (quoted as the dialect quotes it).
+    The same steps run on both dialects; on Postgres they land in ``schema`` (named as the
+    store's ``schema_translate_map`` names it, quoted by the dialect where needed).
     """
-    dialect = conn.dialect.name
+    options = _translate(schema)
     stamp = running_version()
-    quoted = conn.dialect.identifier_preparer.quote_schema(schema) if schema else None
-
-    def run(statement: str) -> None:
-        if dialect == "postgresql":
-            assert quoted is not None, "a Postgres migration needs its schema"
-            statement = statement.replace("{s}", quoted)
-        conn.exec_driver_sql(statement)
-
     if create_version_table:
-        run(_SCHEMA_VERSION_DDL[dialect])
+        conn.execute(CreateTable(schema_version), execution_options=options)
     for migration_id in missing:
-        for statement in _MIGRATION_SQL[migration_id][dialect]:
-            run(statement)
+        for step in _BY_ID[migration_id].steps:
+            conn.execute(step, execution_options=options)
         conn.execute(
             schema_version.insert().values(
                 migration_id=migration_id,
                 applied_at=format_precise(utc_now()),
                 ctrlrun_version=stamp,
-            )
+            ),
+            execution_options=options,
         )
+
+
+def migration_sql(dialect: Dialect, schema: str | None = None) -> dict[str, tuple[str, ...]]:
+    """The SQL each migration runs on ``dialect`` (in ``schema`` on Postgres), as text to read.
+
+    The version table's ``CREATE TABLE`` comes first, under the key ``"schema_version"``.
+    """
+    options = _translate(schema)
+
+    def render(step: Executable) -> str:
+        compiled = step.compile(  # type: ignore[attr-defined]
+            dialect=dialect,
+            compile_kwargs={"literal_binds": True},
+            render_schema_translate=bool(options),
+            **options,
+        )
+        return str(compiled).strip()
+
+    out: dict[str, tuple[str, ...]] = {"schema_version": (render(CreateTable(schema_version)),)}
+    for migration in SCHEMA_MIGRATIONS:
+        out[migration.migration_id] = tuple(render(step) for step in migration.steps)
+    return out
