@@ -2,8 +2,8 @@
 
 Run it from the repository root::
 
-    python -m bench --quick                          # every benchmark, small sizes (~1 minute)
-    python -m bench --reference /tmp/ref/bin/python  # the full run, A/B against another ctrlrun
+    python -m bench --quick                          # every benchmark, small sizes (~30 s)
+    python -m bench --reference /tmp/ref/bin/python  # the full run (~1.5 min), A/B too
     python -m bench --write-docs                     # ... then rewrite docs/performance.md
 
 ``python -m bench --help`` lists the flags. Every figure is measured in the same run as the

@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true",
                    help="small sizes: 30 calls per variant, 16 contention keys, 2 rounds, 100 "
-                        "profiled calls (about a minute on 2 cores)")  # fmt: skip
+                        "profiled calls (about 30 s on 2 cores; the full run about 1.5 min)")  # fmt: skip
     p.add_argument("--calls", type=int, metavar="N",
                    help="timed calls per variant on the allow path (default 300, quick 30); the "
                         "approval path runs N/5 cycles (at least 5), the policy micro-benchmarks 50·N calls")  # fmt: skip
