@@ -116,7 +116,7 @@ def run(settings: Settings, pg: object, results: Results) -> None:
         return
     reference, ours_info = ref_info["python"], ref_info["ours"]
     calls = settings.ab_calls
-    stores = [s for s in STORES if s == "memory" or s in settings.stores]
+    stores = [s for s in STORES if s in settings.stores]
     print(f"- A/B: ours ({ours_info['version']}) and the reference ({ref_info['version']}, "
           f"{reference}), {settings.rounds} rounds × {calls} calls per store", flush=True)  # fmt: skip
     for kind in stores:

@@ -36,7 +36,7 @@ def run(settings: Settings, pg: object, results: Results) -> None:
     reference = ab.ensure_reference(settings, results)
     if reference:
         who.append((str(reference.get("version", "reference")), reference["python"], False))
-    stores = [s for s in STORES if s == "memory" or s in settings.stores]
+    stores = [s for s in STORES if s in settings.stores]
     print(f"- profile: {calls} allowed calls timed, then {calls} under cProfile, per store "
           f"({', '.join(stores)}) and interpreter ({', '.join(w for w, _, _ in who)})", flush=True)  # fmt: skip
     runs = []
