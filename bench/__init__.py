@@ -2,9 +2,9 @@
 
 Run it from the repository root::
 
-    python -m bench --quick          # every benchmark, small sizes (well under 30 s)
-    python -m bench                  # the full run (about 2-3 minutes on 2 cores)
-    python -m bench --write-docs     # the full run, then rewrite docs/performance.md's results
+    python -m bench --quick                          # every benchmark, small sizes (~30 s)
+    python -m bench --reference /tmp/ref/bin/python  # the full run (~1.5 min), A/B too
+    python -m bench --write-docs                     # ... then rewrite docs/performance.md
 
 ``python -m bench --help`` lists the flags. Every figure is measured in the same run as the
 baseline it is compared with; see docs/performance.md for what each line means.

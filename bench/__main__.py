@@ -11,8 +11,7 @@ from pathlib import Path
 
 from . import REPO  # noqa: F401  (makes ctrlrun importable from a clone)
 
-BENCHMARKS = ("policy", "allow", "approval", "contention", "profile")
-QUICK_SKIPS = ("profile",)
+BENCHMARKS = ("policy", "allow", "approval", "contention", "where", "ab", "profile")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,8 +23,8 @@ def _parser() -> argparse.ArgumentParser:
         description="ctrlrun benchmarks: the protected hot path next to the raw cost of storage.",
     )
     p.add_argument("--quick", action="store_true",
-                   help="small sizes: 30 calls per variant, 16 contention keys, no profile "
-                        "(well under 30 s on 2 cores)")  # fmt: skip
+                   help="small sizes: 30 calls per variant, 16 contention keys, 2 rounds, 100 "
+                        "profiled calls (about 30 s on 2 cores; the full run about 1.5 min)")  # fmt: skip
     p.add_argument("--calls", type=int, metavar="N",
                    help="timed calls per variant on the allow path (default 300, quick 30); the "
                         "approval path runs N/5 cycles (at least 5), the policy micro-benchmarks 50·N calls")  # fmt: skip
@@ -40,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--postgres-url", metavar="URL", default=None,
                    help="Postgres server to measure (default: $" + " or $".join(URL_VARIABLES)
                         + "); a fresh schema per benchmark, dropped afterwards")  # fmt: skip
+    p.add_argument("--reference", metavar="PYTHON", default=None,
+                   help="another interpreter whose ctrlrun to measure against ours, A/B in one run "
+                        "(default: $CTRLRUN_BENCH_REFERENCE; without one the A/B rows are skipped)")  # fmt: skip
     p.add_argument("--tmpdir", metavar="DIR",
                    help="where the temporary SQLite directories go (default: the system's)")
     p.add_argument("--json", metavar="PATH", help="also write every figure as JSON to PATH")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = _parser().parse_args(argv)
 
-    from . import allow, approval, contention, docs, hotpath, policy, report
+    from . import ab, allow, approval, contention, docs, hotpath, policy, replay, report
     from .common import Results, Settings, load_average, machine
     from .pg import Postgres, default_url
     from .stores import STORES
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.calls is not None and args.calls < 2:
         print("--calls must be at least 2", file=sys.stderr)
         return 64
-    selected = only or [b for b in BENCHMARKS if not (args.quick and b in QUICK_SKIPS)]
+    selected = only or list(BENCHMARKS)
 
     settings = Settings(
         quick=args.quick,
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         stores=stores,
         tmpdir=args.tmpdir,
         postgres_url=args.postgres_url or default_url(),
+        reference=ab.reference_python(args.reference),
     )
     settings.rounds = max(1, min(settings.rounds, settings.calls))
     command = _command(argv)
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{command}\n{info['cpu_count']} CPUs ({info['cpu']}), Python {info['python']}, "
           f"SQLite {info['sqlite']}, load average {info['load_average_start']}", flush=True)  # fmt: skip
 
-    needs_store = any(b in selected for b in ("allow", "approval", "contention", "profile"))
+    needs_store = any(b in selected for b in ("allow", "approval", "contention", "where"))
     pg = Postgres(settings.postgres_url if "postgres" in stores and needs_store else None)
     if "postgres" in stores and needs_store:
         if pg.available:
@@ -124,13 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         else:
             results.note(f"Postgres benchmarks skipped: {pg.unavailable}")
     if settings.quick and "contention" in selected:
-        results.note(f"quick run: contention uses {settings.contention_keys} keys, not 200, and runs no profile")
+        results.note(f"quick run: contention uses {settings.contention_keys} keys, not 200")
 
     runners = {
         "policy": policy.run,
         "allow": allow.run,
         "approval": approval.run,
         "contention": contention.run,
+        "where": replay.run,
+        "ab": ab.run,
         "profile": hotpath.run,
     }
     try:
@@ -142,13 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         pg.drop_all()
     info["load_average_end"] = load_average()
+    if results.reference:
+        r = results.reference
+        info["reference"] = f"ctrlrun {r['version']} at `{r['file']}` (`{r['python']}`)"
     report.compute_ratios(results)
-    text = report.render(results)
-    print("\n" + text)
-    profile_text = None
-    if results.profile is not None:
-        profile_text = report.render_profile(results.profile)
-        print("\n" + profile_text)
+    print("\n" + report.render(results))
     elapsed = time.perf_counter() - started
     print(f"\n{len(results.rows)} rows in {elapsed:.1f} s; load average at end {info['load_average_end']}")
 
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
         print(f"wrote {args.json}")
     if args.write_docs:
-        docs.write(text, profile_text, info, command)
+        docs.write(results, info, command, quick=settings.quick, elapsed=elapsed)
     if results.violations:
         print(f"\n!!! {len(results.violations)} VIOLATION(S): see above", file=sys.stderr)
         return 2

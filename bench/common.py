@@ -55,6 +55,7 @@ class Settings:
     stores: tuple[str, ...]  # sqlite-full, sqlite-normal, memory, postgres
     tmpdir: str | None
     postgres_url: str | None
+    reference: str | None = None  # another interpreter's python, for the A/B rows
 
     @property
     def approval_cycles(self) -> int:
@@ -65,8 +66,19 @@ class Settings:
         return self.calls * 50
 
     @property
-    def profile_calls(self) -> int:
+    def replay_calls(self) -> int:
+        """Calls recorded and replayed bare in the ``where`` rows."""
         return max(30, min(self.calls, 200))
+
+    @property
+    def ab_calls(self) -> int:
+        """Timed calls per A/B subprocess (an interpreter's start-up costs more than 100 calls)."""
+        return max(100, self.calls)
+
+    @property
+    def profile_calls(self) -> int:
+        """Calls under cProfile per store and interpreter (and as many timed before them)."""
+        return 100 if self.quick else 500
 
 
 # --------------------------------------------------------------------------- measurements
@@ -218,7 +230,11 @@ class Results:
     ratios: list[Ratio] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
-    profile: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None  # cProfile by interpreter and store (hotpath.py)
+    targets: list[Ratio] = field(default_factory=list)  # the issue's four targets
+    ab: list[dict[str, Any]] = field(default_factory=list)  # A/B against the reference (ab.py)
+    ab_skipped: str | None = None  # why there are no A/B rows
+    reference: dict[str, Any] | None = None  # the reference interpreter, its ctrlrun
     figures: dict[str, Any] = field(default_factory=dict)  # named figures shared across benches
 
     def row(self, bench: str, store: str, variant: str) -> Row | None:

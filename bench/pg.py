@@ -96,6 +96,10 @@ class Postgres:
     def connect(self) -> Any:
         return self._psycopg.connect(self._conninfo, autocommit=True, prepare_threshold=None)
 
+    def client_cursor(self, conn: Any) -> Any:
+        """A cursor that binds parameters client-side (several statements in one message)."""
+        return self._psycopg.ClientCursor(conn)
+
     def new_schema(self) -> str:
         name = SCHEMA_PREFIX + secrets.token_hex(4)
         with self.connect() as conn:
