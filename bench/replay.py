@@ -1,11 +1,11 @@
 """``where``: the SQL one allowed call sends, and that SQL alone on the bare driver.
 
-Public API only: the SQL stores expose their SQLAlchemy ``engine``, and SQLAlchemy's events
-(``before_cursor_execute``, ``commit``, ``rollback``) show every statement and transaction end
-the store sends through it, whatever the store's internals. For N allowed calls:
+Public API only: the SQL stores call their ``trace`` hook with every message they send (each
+statement, ``BEGIN``, ``COMMIT`` and ``ROLLBACK``), whatever the store's internals. For N allowed
+calls:
 
-1. **Record.** A listener records each call's statements, parameters and commits.
-2. **Replay bare, interleaved with new protected calls** (listener removed). SQLite (FULL and
+1. **Record.** The trace hook records each call's statements, parameters and commits.
+2. **Replay bare, interleaved with new protected calls** (hook removed). SQLite (FULL and
    NORMAL): the statements run with the bare ``sqlite3`` driver on a copy of the database taken
    (with SQLite's backup API) just before they were recorded, with the pragmas read from the
    store's own connection. A transaction the driver opened implicitly gets an explicit
@@ -14,7 +14,7 @@ the store sends through it, whatever the store's internals. For N allowed calls:
    created and warmed the same way: the fewest round trips those statements can take.
 
 The replay is the floor for the SQL the store sends; everything above it in the protected call
-is Python. If the engine shows no statements, or a replay fails, the row is skipped with a note.
+is Python. If the trace shows no statements, or a replay fails, the row is skipped with a note.
 """
 
 from __future__ import annotations
@@ -32,46 +32,31 @@ PRAGMAS = ("synchronous", "foreign_keys", "cache_size", "temp_store", "mmap_size
 
 
 class Recorder:
-    """Records the statements and transaction ends the store's engine sends, per call."""
+    """Records what the store sends, per call, through its public ``trace`` hook (one call per
+    message; a Postgres message carries BEGIN and COMMIT with a statement, split apart here)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, store: Any) -> None:
+        self.store = store
         self.calls: list[list[Item]] = []
 
     def __enter__(self) -> Recorder:
-        from sqlalchemy import event
-
-        event.listen(self.engine, "before_cursor_execute", self._statement)
-        event.listen(self.engine, "commit", self._commit)
-        event.listen(self.engine, "rollback", self._rollback)
+        self.store.trace = self._sent
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from sqlalchemy import event
-
-        event.remove(self.engine, "before_cursor_execute", self._statement)
-        event.remove(self.engine, "commit", self._commit)
-        event.remove(self.engine, "rollback", self._rollback)
+        self.store.trace = None
 
     def next_call(self) -> None:
         self.calls.append([])
 
-    def _statement(self, conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
-                   executemany: bool) -> None:  # fmt: skip
-        if executemany:
-            parameters = [_copy(p) for p in parameters]
-        self.calls[-1].append((statement, _copy(parameters), bool(executemany)))
-
-    def _end(self, verb: str) -> None:
-        if self.calls and not (self.calls[-1] and _verb(self.calls[-1][-1][0]) == verb):
-            self.calls[-1].append((verb, (), False))
-
-    def _commit(self, conn: Any) -> None:
-        self._end("COMMIT")
-
-    def _rollback(self, conn: Any) -> None:
-        if conn.in_transaction():
-            self._end("ROLLBACK")
+    def _sent(self, text: str, parameters: Any) -> None:
+        if not self.calls:
+            return
+        for part in text.split("; "):
+            if _verb(part) in ("BEGIN", "COMMIT", "ROLLBACK"):
+                self.calls[-1].append((part, (), False))
+            else:
+                self.calls[-1].append((part, _copy(parameters), False))
 
     def verbs(self) -> dict[str, float]:
         counted: Counter[str] = Counter(_verb(s) for call in self.calls for s, _, _ in call)
@@ -130,13 +115,13 @@ def _pragmas(store: Any) -> dict[str, Any]:
 
 
 def _record(store: Any, protected: Any, calls: int) -> Recorder:
-    recorder = Recorder(store.engine)
+    recorder = Recorder(store)
     with recorder:
         for i in range(calls):
             recorder.next_call()
             protected(payment_id=f"r{i}", amount=ALLOWED_AMOUNT)
     if not any(recorder.calls):
-        raise RuntimeError("the store's engine showed no statements for an allowed call")
+        raise RuntimeError("the store's trace showed no statements for an allowed call")
     return recorder
 
 
