@@ -136,9 +136,9 @@ def test_demo_ignores_ctrlrun_variables(workdir, monkeypatch, value):
 
 
 def test_demo_exits_non_zero_when_a_guarantee_breaks(workdir, monkeypatch):
-    import ctrlrun.store.ops as ops
+    import ctrlrun.store.steps as steps
 
-    monkeypatch.setattr(ops, "check_consumable", lambda *args, **kwargs: None)
+    monkeypatch.setattr(steps, "check_consumable", lambda *args, **kwargs: None)
     result = invoke(["demo"])
     assert result.code == 1
     assert "NOT REFUSED" in result.out

@@ -21,7 +21,8 @@ from .action import _CANONICAL_JSON, Action, Principal, _json_opt, _json_str, ne
 from .effect import EffectState
 from .errors import AmbiguousEffect, DuplicateEffect, InvalidArgument
 from .policy import Decision, Evaluation
-from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA, ReceiptDraft, receipt_formats
+from .drafts import ReceiptDraft, receipt_formats
+from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA
 from .store.codec import dumps
 
 if TYPE_CHECKING:

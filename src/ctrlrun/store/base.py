@@ -14,7 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 from ..action import Action
 from ..approvals import Approval, ApprovalRecord, ApprovalRequest, VerifiedApprover
 from ..effect import EffectRecord, EffectState, Reservation
-from ..receipt import Event, EventRow, Receipt, ReceiptDraft, UnreadableReceipt
+from ..drafts import EventRow, ReceiptDraft
+from ..receipt import Event, Receipt, UnreadableReceipt
 
 __all__ = ["StateStore"]
 

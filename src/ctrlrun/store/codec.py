@@ -12,7 +12,8 @@ from ..action import action_from_dict, action_to_dict
 from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
 from ..effect import EffectRecord, EffectState
 from ..errors import InvalidArgument
-from ..receipt import Event, EventRow, Receipt, ReceiptDraft, UnreadableReceipt, _compact
+from ..drafts import EventRow, ReceiptDraft
+from ..receipt import Event, Receipt, UnreadableReceipt, _compact
 
 __all__ = [
     "approval_from_row",

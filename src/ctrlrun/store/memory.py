@@ -11,7 +11,8 @@ from typing import Any, TypeVar
 from .._time import utc_now
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
-from ..receipt import GENESIS_HASH, Event, EventRow, Receipt, UnreadableReceipt, event_from_row
+from ..drafts import EventRow, event_from_row
+from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
 from .ops import StoreOps
 from .rows import KeptWrite, Tx, TxSteps

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError
-from ..receipt import Event, EventRow, Receipt, UnreadableReceipt
+from ..drafts import EventRow
+from ..receipt import Event, Receipt, UnreadableReceipt
 
 __all__ = ["KeptWrite", "Tx", "TxSteps"]
 

@@ -9,7 +9,8 @@ from typing import Any
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError
-from ..receipt import Event, EventRow, Receipt, UnreadableReceipt, event_from_row
+from ..drafts import EventRow, event_from_row
+from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
 from .rows import TxSteps
 from .statements import (

@@ -1,0 +1,102 @@
+"""Evidence as the stores write it: event rows, and the allowed call's receipt draft, written
+once from pre-encoded parts (its line and hash are byte for byte what ``Receipt`` gives)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .action import _CANONICAL_JSON, sha256_hex
+from .receipt import _COMPACT_JSON, _DOCUMENT_KEYS, Event, EventType, Receipt
+
+__all__ = ["EventRow", "ReceiptDraft", "event_from_row", "receipt_formats"]
+
+
+EventRow = tuple[str, str, "str | None", "str | None", "str | None", str]
+"""An event as the store keeps it: ``(ts, type, action_id, effect_key, approval_id, data_json)``."""
+
+
+def event_from_row(row: Sequence[Any], event_id: int | None) -> Event:
+    """The ``Event`` a stored row stands for (built only when someone asks for objects)."""
+    event = object.__new__(Event)
+    put = object.__setattr__
+    put(event, "type", EventType(row[1]))
+    put(event, "ts", row[0])
+    put(event, "action_id", row[2])
+    put(event, "effect_key", row[3])
+    put(event, "approval_id", row[4])
+    put(event, "data", json.loads(row[5]))
+    put(event, "event_id", event_id)
+    return event
+
+
+class ReceiptDraft:
+    """A receipt written from pre-encoded parts, before the chain places it.
+
+    ``values`` holds each varying key's JSON text; ``line`` and ``canonical`` are ``%``-formats
+    of the whole document, keys in table order and sorted, the constant keys already written
+    (``receipt_formats``). The store sets ``seq`` and ``prev_hash`` (``place``); the stored line
+    and the hash are then exactly what a ``Receipt`` with the same values gives. A ``Receipt``
+    object is made only when someone asks (a sink).
+    """
+
+    __slots__ = ("values", "formats", "receipt_id", "action_id", "effect_key", "result",
+                 "finished_at", "line", "hash")  # fmt: skip
+
+    def __init__(
+        self, values: dict[str, str], formats: tuple[str, str], *, receipt_id: str,
+        action_id: str, effect_key: str | None, result: str, finished_at: str,
+    ) -> None:  # fmt: skip
+        self.values = values
+        self.formats = formats
+        self.receipt_id = receipt_id
+        self.action_id = action_id
+        self.effect_key = effect_key
+        self.result = result
+        self.finished_at = finished_at
+        self.line: str | None = None
+        self.hash: str | None = None
+
+    def place(self, seq: int, prev_hash: str) -> tuple[str, str]:
+        """Put the receipt at ``seq`` after ``prev_hash``: its stored line and its hash."""
+        values = self.values
+        values["seq"] = str(int(seq))
+        values["prev_hash"] = _json_text(prev_hash)
+        line, canonical = self.formats
+        self.line = line % values
+        self.hash = sha256_hex((canonical % values).encode("utf-8"))
+        return self.line, self.hash
+
+    def receipt(self) -> Receipt:
+        """The placed receipt as an object (its ``to_json()`` is the stored line)."""
+        assert self.line is not None, "a draft becomes a receipt once placed"
+        built = Receipt.from_json(self.line, hash=self.hash)
+        object.__setattr__(built, "_json", self.line)
+        return built
+
+
+_json_text = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
+def receipt_formats(constants: Mapping[str, Any]) -> tuple[str, str]:
+    """The two ``%``-formats of a ``ReceiptDraft``: ``constants`` (key: value) written as JSON,
+    every other key of the current schema a ``%(key)s`` slot for its JSON text."""
+
+    def body(keys: Iterable[str], encode: Any, suffix: str) -> str:
+        parts = []
+        for key in keys:
+            if key in constants:
+                value = encode(constants[key]).replace("%", "%%")
+            else:  # an object's text differs between the two forms: a slot for each
+                value = f"%({key}{suffix if key in _OBJECT_KEYS else ''})s"
+            parts.append(f"{_json_text(key)}:{value}")
+        return "{" + ",".join(parts) + "}"
+
+    return (
+        body(_DOCUMENT_KEYS, _COMPACT_JSON.encode, ""),
+        body(sorted(_DOCUMENT_KEYS), _CANONICAL_JSON.encode, "_sorted"),
+    )
+
+
+_OBJECT_KEYS = frozenset(("principal",))  # the slots whose canonical text has its keys sorted
