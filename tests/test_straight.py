@@ -25,7 +25,7 @@ actions:
       - decision: deny
 """
 
-text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
 leaf = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), text)
 nested = st.recursive(
     leaf, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=3),
