@@ -16,29 +16,16 @@ from typing import Any
 perf_ns = time.perf_counter_ns
 cpu_ns = time.process_time_ns
 
-# The policy of the allow and approval paths: the README's refund rule.
-REFUND_POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  bench.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 500000 }
-        decision: approve
-      - decision: deny
-"""
+# The policy of the allow and approval paths (the README's refund rule) and the function under
+# test: defined in ab_call.py, which runs alone under another interpreter too.
+from .ab_call import POLICY as REFUND_POLICY  # noqa: E402
+from .ab_call import refund  # noqa: E402, F401
+
 ACTION = "bench.refund"
 EFFECT = "refund:{payment_id}"
 ALLOWED_AMOUNT = 12_000  # allow
 APPROVAL_AMOUNT = 200_000  # approve
 AGENT = "bench-agent"
-
-
-def refund(payment_id: str, amount: int) -> dict:
-    """The function under test, protected and unprotected: builds the provider's reply."""
-    return {"id": "re_" + payment_id, "amount": amount}
 
 
 # --------------------------------------------------------------------------- settings
