@@ -103,3 +103,23 @@ def test_sinks_get_objects_built_from_the_rows():
     assert [type(x).__name__ for x in seen] == ["Event"] * 5 + ["Receipt"]
     assert list(store.events()) == seen[:5]
     assert seen[5].to_json() == store.receipts()[0].to_json() and seen[5].hash
+
+
+ascii_text = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(ascii_text, st.one_of(st.none(), st.booleans(), st.integers(), ascii_text,
+                                             text), max_size=6))  # fmt: skip
+def test_flat_arguments_take_a_shortcut_to_the_same_canonical_form(arguments):
+    """A plain dict of flat ASCII values skips the general checks; a read-only mapping of the
+    same values takes them. Both give the same canonical bytes, hash and frozen arguments."""
+    from types import MappingProxyType
+
+    principal = Principal("agent-1", "u")
+    short = Action("a.b", dict(arguments), principal, action_id="act_1")
+    general = Action("a.b", MappingProxyType(dict(arguments)), principal, action_id="act_1")
+    assert short._canonical == general._canonical and short.action_hash == general.action_hash
+    assert dict(short.arguments) == dict(general.arguments)
+    assert short._arguments_json == general._arguments_json
+    assert short.canonical_arguments == general.canonical_arguments

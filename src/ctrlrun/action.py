@@ -295,6 +295,21 @@ class Principal:
 _FLAT = frozenset((str, int, bool, type(None)))  # exact types the JSON round trip keeps as they are
 
 
+def _flat_ascii(arguments: dict[Any, Any]) -> bool:
+    """True when every key is ASCII ``str`` and every value an ASCII ``str``, ``int``, ``bool``
+    or ``None`` (exact types): the arguments most calls pass."""
+    for key, value in arguments.items():
+        if type(key) is not str or not key.isascii():
+            return False
+        kind = type(value)
+        if kind is str:
+            if not value.isascii():
+                return False
+        elif kind is not int and kind is not bool and value is not None:
+            return False
+    return True
+
+
 def _plain_copy(value: Any) -> Any:
     """A deep copy of parsed JSON (dicts, lists and atoms): what parsing it again would give."""
     if type(value) is dict:
@@ -332,12 +347,19 @@ class Action:
             )
         if not isinstance(self.action_id, str) or not self.action_id:
             raise InvalidArgument(f"action {self.name!r}: action_id must be a non-empty string")
-        check_value(self.arguments, "arguments")
-        object.__setattr__(self, "arguments", freeze(self.arguments))
+        given = self.arguments
+        if type(given) is dict and _flat_ascii(given):
+            # str keys and str/int/bool/None values, all text ASCII: nothing to refuse, nothing
+            # nested to freeze, and the dict is its own plain form
+            object.__setattr__(self, "arguments", MappingProxyType(dict(given)))
+            arguments = _CANONICAL_JSON.encode(given)
+        else:
+            check_value(given, "arguments")
+            object.__setattr__(self, "arguments", freeze(given))
+            arguments = _CANONICAL_JSON.encode(_plain(self.arguments))
         # The canonical document, keys sorted: {"arguments", "environment", "name", "principal":
         # {"agent", "user"}, "resource", "schema"}, written around the arguments' own canonical
         # text (which the receipt reuses); every string is checked text.
-        arguments = _CANONICAL_JSON.encode(_plain(self.arguments))
         principal = self.principal
         canonical = (
             '{"arguments":' + arguments + ',"environment":' + _json_str(self.environment)

@@ -121,7 +121,12 @@ def lease_is_live(record: EffectRecord | None, now: datetime) -> bool:
     )
 
 
+_ZERO = timedelta(0)
+
+
 def _require_id(value: Any, what: str) -> str:
+    if type(value) is str and value.isascii() and value:
+        return value  # ASCII text: nothing to refuse
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{what} must be a non-empty string, got {value!r}")
     try:
@@ -135,7 +140,7 @@ def check_reservation_args(effect_key: Any, action_id: Any, lease: Any) -> None:
     """Refuse an empty key or action id, or a lease that is not a positive ``timedelta``."""
     _require_id(effect_key, "effect_key")
     _require_id(action_id, "action_id")
-    if not isinstance(lease, timedelta) or lease <= timedelta(0):
+    if type(lease) is not timedelta and not isinstance(lease, timedelta) or lease <= _ZERO:
         raise InvalidArgument(f"lease must be a positive timedelta, got {lease!r}")
 
 

@@ -84,19 +84,43 @@ def _free_text(value: str | None, what: str) -> str | None:
     return _text(value.replace("\x00", "\\x00"), what)
 
 
+def effect_values(record: EffectRecord) -> tuple[Any, ...]:
+    """``effect_to_row(record)``'s values, in the table's column order."""
+    result = record.result
+    return (
+        _text(record.effect_key, "effect_key"),
+        record.state.value,
+        _text(record.action_id, "action_id"),
+        record.attempt,
+        None if record.lease_expires_at is None else format_precise(record.lease_expires_at),
+        None if result is None else dumps(result, "result"),
+        None if record.error is None else _free_text(record.error, "error"),
+        format_precise(record.created_at),
+        format_precise(record.updated_at),
+        None if record.resolved_by is None else _text(record.resolved_by, "resolved_by"),
+    )
+
+
+def finished_values(record: EffectRecord) -> tuple[Any, ...]:
+    """What a finishing compare-and-set writes, in column order: state, lease, result, error,
+    updated_at."""
+    result = record.result
+    return (
+        record.state.value,
+        None if record.lease_expires_at is None else format_precise(record.lease_expires_at),
+        None if result is None else dumps(result, "result"),
+        None if record.error is None else _free_text(record.error, "error"),
+        format_precise(record.updated_at),
+    )
+
+
+EFFECT_FIELDS = ("effect_key", "state", "action_id", "attempt", "lease_expires_at",
+                 "result_json", "error", "created_at", "updated_at", "resolved_by")  # fmt: skip
+FINISHED_FIELDS = ("state", "lease_expires_at", "result_json", "error", "updated_at")
+
+
 def effect_to_row(record: EffectRecord) -> dict[str, Any]:
-    return {
-        "effect_key": _text(record.effect_key, "effect_key"),
-        "state": record.state.value,
-        "action_id": _text(record.action_id, "action_id"),
-        "attempt": record.attempt,
-        "lease_expires_at": ts(record.lease_expires_at),
-        "result_json": None if record.result is None else dumps(record.result, "result"),
-        "error": _free_text(record.error, "error"),
-        "created_at": ts(record.created_at),
-        "updated_at": ts(record.updated_at),
-        "resolved_by": _text(record.resolved_by, "resolved_by"),
-    }
+    return dict(zip(EFFECT_FIELDS, effect_values(record)))
 
 
 def effect_from_row(row: Mapping[str, Any]) -> EffectRecord:

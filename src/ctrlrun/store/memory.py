@@ -83,9 +83,8 @@ class _MemoryTx(TxSteps):
         seen = (row["action_id"], row["state"], row["result_json"], row["error"])
         if seen != (expected.action_id, expected.state.value, None, None):
             return False
-        written = codec.effect_to_row(record)
-        changed = ("state", "updated_at", "lease_expires_at", "result_json", "error")
-        self._effects[expected.effect_key] = {**row, **{c: written[c] for c in changed}}
+        finished = dict(zip(codec.FINISHED_FIELDS, codec.finished_values(record)))
+        self._effects[expected.effect_key] = {**row, **finished}
         return True
 
     def list_effects(self, state: EffectState | None) -> list[EffectRecord]:

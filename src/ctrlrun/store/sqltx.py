@@ -18,6 +18,8 @@ from .statements import (
     EFFECT_COLUMNS,
     EVENT_COLUMNS,
     EVENTS_PER_STATEMENT,
+    FINISH_COLUMNS,
+    FINISH_WHERE,
     RECEIPT_COLUMNS,
     Compiled,
     Statements,
@@ -25,7 +27,6 @@ from .statements import (
 
 __all__ = ["SQLTx"]
 
-_FINISHED = ("state", "updated_at", "lease_expires_at", "result_json", "error")
 
 
 class SQLTx(TxSteps):
@@ -49,16 +50,17 @@ class SQLTx(TxSteps):
     def insert_effect(self, record: EffectRecord) -> bool:
         # the driver's own row count: sqlite3 and psycopg both report one for an INSERT
         # (0 when the key exists)
-        return self._go(self.sql.insert_effect, codec.effect_to_row(record)).rowcount == 1
+        return self._run(self.sql.insert_effect.sql, codec.effect_values(record)).rowcount == 1
 
     def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
-        values = codec.effect_to_row(record)
-        values.update(w_key=expected.effect_key, w_state=expected.state.value,
-                      w_action=expected.action_id, w_attempt=expected.attempt)  # fmt: skip
-        return self._go(self.sql.update_effect, values).rowcount == 1
+        values = codec.effect_values(record)[1:] + (
+            expected.effect_key, expected.state.value, expected.action_id, expected.attempt,
+        )  # fmt: skip
+        return self._run(self.sql.update_effect.sql, values).rowcount == 1
 
     def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
-        return self._go(self.sql.finish_effect, _finish_values(expected, record)).rowcount == 1
+        values = _finish_values(expected, record)
+        return self._run(self.sql.finish_effect.sql, values).rowcount == 1
 
     def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
         statement = self.sql.list_effects(state is not None)
@@ -154,7 +156,8 @@ class SQLTx(TxSteps):
         if not self.sql.combines or not rows or len(rows) > EVENTS_PER_STATEMENT:
             return super().finish_and_advance(expected, record, rows)
         statement = self.sql.finish_and_advance(len(rows))
-        values = {**_finish_values(expected, record), **_event_binds(rows)}
+        values = dict(zip((*FINISH_COLUMNS, *FINISH_WHERE), _finish_values(expected, record)))
+        values.update(_event_binds(rows))
         returned = self._run(statement.sql, statement.bind(values)).fetchall()
         moved = [r for r in returned if r[0] == 1]
         head = (int(moved[0][1]), moved[0][2]) if moved else None
@@ -197,12 +200,11 @@ class SQLTx(TxSteps):
         return None if row is None else (int(row[0]), row[1])
 
 
-def _finish_values(expected: EffectRecord, record: EffectRecord) -> dict[str, Any]:
-    row = codec.effect_to_row(record)
-    values = {name: row[name] for name in _FINISHED}
-    values.update(w_key=expected.effect_key, w_action=expected.action_id,
-                  w_state=expected.state.value)  # fmt: skip
-    return values
+def _finish_values(expected: EffectRecord, record: EffectRecord) -> tuple[Any, ...]:
+    """The finishing compare-and-set's values: what it writes, then what it expects."""
+    return codec.finished_values(record) + (
+        expected.effect_key, expected.action_id, expected.state.value,
+    )  # fmt: skip
 
 
 def _constraint(exc: BaseException) -> str | None:

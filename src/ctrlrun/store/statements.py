@@ -25,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.sql.expression import ClauseElement
 
 from ..errors import CTRLRunError
+from .codec import EFFECT_FIELDS, FINISHED_FIELDS
 from .schema import metadata
 
 __all__ = ["EFFECT_COLUMNS", "EVENT_COLUMNS", "RECEIPT_COLUMNS", "Compiled", "Statements"]
@@ -33,6 +34,9 @@ EFFECT_COLUMNS = tuple(c.name for c in metadata.tables["effects"].c)
 EVENT_COLUMNS = tuple(c.name for c in metadata.tables["events"].c if c.name != "event_id")
 RECEIPT_COLUMNS = tuple(c.name for c in metadata.tables["receipts"].c)
 APPROVAL_COLUMNS = tuple(c.name for c in metadata.tables["approvals"].c)
+FINISH_COLUMNS = FINISHED_FIELDS  # what a finishing compare-and-set writes, in table order
+FINISH_WHERE = ("w_key", "w_action", "w_state")
+UPDATE_WHERE = ("w_key", "w_state", "w_action", "w_attempt")
 EVENTS_PER_STATEMENT = 500  # 6 parameters a row: far below SQLite's and Postgres' limits
 _ONE = literal_column("1")  # written in the text: every bound parameter is a named slot
 _CACHED_ROWS = 16  # event statements kept compiled for the small batches a call sends
@@ -106,6 +110,10 @@ class Statements:
             .values(_binds(EFFECT_COLUMNS[1:]))
         )  # fmt: skip
         self.finish_effect = self.compile(self._finish_effect())
+        # the hot statements take their values as tuples in these orders (see sqltx.py)
+        assert self.insert_effect.names == EFFECT_COLUMNS == EFFECT_FIELDS
+        assert self.update_effect.names == (*EFFECT_COLUMNS[1:], *UPDATE_WHERE)
+        assert self.finish_effect.names == (*FINISH_COLUMNS, *FINISH_WHERE)
         self.advance_head = self.compile(
             update(c).where(c.c.id == _ONE).values(seq=c.c.seq + _ONE).returning(c.c.seq, c.c.hash)
         )
@@ -159,7 +167,7 @@ class Statements:
             update(e).where(
                 e.c.effect_key == bindparam("w_key"), e.c.action_id == bindparam("w_action"),
                 e.c.state == bindparam("w_state"), e.c.result_json.is_(None), e.c.error.is_(None),
-            ).values(_binds(("state", "updated_at", "lease_expires_at", "result_json", "error")))
+            ).values(_binds(FINISH_COLUMNS))
         )  # fmt: skip
 
     def list_effects(self, with_state: bool) -> Compiled:
