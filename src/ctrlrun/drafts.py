@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .action import _CANONICAL_JSON, sha256_hex
+from .action import _json_str as _json_text
 from .receipt import _COMPACT_JSON, _DOCUMENT_KEYS, Event, EventType, Receipt
 
 __all__ = ["EventRow", "ReceiptDraft", "event_from_row", "receipt_formats"]
@@ -76,7 +77,6 @@ class ReceiptDraft:
         return built
 
 
-_json_text = json.encoder.encode_basestring  # type: ignore[attr-defined]
 
 
 def receipt_formats(constants: Mapping[str, Any]) -> tuple[str, str]:

@@ -33,6 +33,8 @@ __all__ = ["EFFECT_COLUMNS", "EVENT_COLUMNS", "RECEIPT_COLUMNS", "Compiled", "St
 EFFECT_COLUMNS = tuple(c.name for c in metadata.tables["effects"].c)
 EVENT_COLUMNS = tuple(c.name for c in metadata.tables["events"].c if c.name != "event_id")
 RECEIPT_COLUMNS = tuple(c.name for c in metadata.tables["receipts"].c)
+# an EventRow's order (drafts.py): the statements take event rows as they are
+assert EVENT_COLUMNS == ("ts", "type", "action_id", "effect_key", "approval_id", "data_json")
 APPROVAL_COLUMNS = tuple(c.name for c in metadata.tables["approvals"].c)
 FINISH_COLUMNS = FINISHED_FIELDS  # what a finishing compare-and-set writes, in table order
 FINISH_WHERE = ("w_key", "w_action", "w_state")
