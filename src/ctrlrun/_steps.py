@@ -11,7 +11,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 __all__ = ["Steps", "Work", "call", "drive", "drive_async", "run_function"]
 
@@ -49,7 +49,7 @@ def drive(steps: Steps[T]) -> T:
         try:
             work = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            return cast(T, done.value)
         value, error = None, None
         try:
             value = work.fn(*work.args, **work.kwargs)
@@ -65,7 +65,7 @@ async def drive_async(steps: Steps[T]) -> T:
         try:
             work = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as done:
-            return done.value
+            return cast(T, done.value)
         value, error = None, None
         try:
             if work.function:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from .errors import InvalidArgument
 
@@ -387,7 +387,7 @@ class Action:
     @property
     def canonical_arguments(self) -> dict[str, Any]:
         """A fresh plain dict parsed back from the canonical form (what the function receives)."""
-        return _plain_copy(self._arguments_view())
+        return cast(dict[str, Any], _plain_copy(self._arguments_view()))
 
     def _arguments_view(self) -> dict[str, Any]:
         """The canonical arguments parsed once and shared: read them, never change them."""
@@ -401,11 +401,11 @@ class Action:
             else:  # flat: parsing the canonical form gives the same values, keys sorted
                 parsed = {key: arguments[key] for key in sorted(arguments)}
             object.__setattr__(self, "_parsed", parsed)
-        return parsed
+        return cast(dict[str, Any], parsed)
 
     def replace(self, **changes: Any) -> Action:
         """A new proposal with some fields changed (a new ``action_id`` unless given)."""
-        values = {
+        values: dict[str, Any] = {
             "name": self.name,
             "arguments": self.arguments,
             "principal": self.principal,

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable, cast
 
 from ._time import utc_now
 from .action import Action, check_value, freeze, thaw
@@ -301,7 +301,7 @@ class InterruptApprovalProvider:
                 approval_id=request_id,
             )
         if record.status is ApprovalStatus.GRANTED:
-            return record.as_approval()  # answered out of band (`ctrlrun approve`)
+            return cast(Approval, record.as_approval())  # answered out of band (`ctrlrun approve`)
         if record.status in _ANSWERED:
             return None
 
@@ -358,7 +358,7 @@ class InterruptApprovalProvider:
                 f"{answer.approver} was recorded",
                 request_id=request_id,
             )
-        return approval
+        return cast(Approval, approval)
 
     def _check_binding(
         self, record: ApprovalRecord, pending: PendingApproval, answer: ApprovalAnswer

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable, cast
 
 from ._time import format_precise, parse_ts, utc_now
 from .action import Action, canonical_bytes, new_id
@@ -478,7 +478,7 @@ class _StoreProvider:
         record = self.store.get_approval(request_id)
         if record is None:
             raise _unknown(request_id)
-        return record
+        return cast(ApprovalRecord, record)
 
 
 class LocalApprovalProvider(_StoreProvider):
@@ -556,7 +556,7 @@ class ScriptedApprovalProvider(_StoreProvider):
             if step == "grant":
                 granted = self.store.grant_approval(request_id, self.approver)
                 if granted is not None:
-                    return granted
+                    return cast(Approval, granted)
             elif step == "deny":
                 self.store.deny_approval(request_id, self.approver)
                 return None

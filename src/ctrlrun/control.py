@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from . import _ambient
 from ._attempt import Attempt, describe, fan_out, storable
@@ -336,7 +336,10 @@ class Control:
         lease = self._lease if lease is None else _positive(lease, "lease")
         return _Options(effect_key, lease, reconcile, reconcile_eagerly, task, hop)
 
-    def _attempt(self, action, effect_key, approval_id, task, hop) -> Attempt:
+    def _attempt(
+        self, action: Action, effect_key: str | None, approval_id: str | None,
+        task: str | None, hop: str | None,
+    ) -> Attempt:  # fmt: skip
         return Attempt(
             action=action,
             effect_key=effect_key,
@@ -371,7 +374,7 @@ class Control:
         action = attempt.action
         reconciled = False
         while True:
-            def started(approval, reservation):
+            def started(approval: Any, reservation: Any) -> list[Any]:
                 # the start's events; the store may ask again if it has to plan the start anew
                 events = list(attempt.pending)
                 if approval is not None:
@@ -420,7 +423,9 @@ class Control:
             fan_out(self._sinks, stored, None)
             return reservation
 
-    def _execute(self, attempt: Attempt, options: _Options, executor, reservation) -> Steps[tuple[Any, Receipt]]:
+    def _execute(
+        self, attempt: Attempt, options: _Options, executor: Callable[[], Any], reservation: Any
+    ) -> Steps[tuple[Any, Receipt]]:
         key = options.effect_key
         number = reservation.attempt if reservation is not None else 1
         with _ambient.holding_effect(key, number):
@@ -430,6 +435,7 @@ class Control:
                 yield from self._raised(attempt, options, exc)
                 raise
         receipt = yield from self._finish(attempt, EffectState.COMMITTED, value, None, "returned")
+        assert receipt is not None  # a refused outcome raised
         return value, receipt
 
     def _raised(self, attempt: Attempt, options: _Options, exc: BaseException) -> Steps[None]:
@@ -478,7 +484,7 @@ class Control:
                 raise refusal from None
             return None
         fan_out(self._sinks, events, stored)
-        return stored  # type: ignore[return-value]
+        return cast("Receipt | None", stored)
 
     def _unrecorded(self, attempt: Attempt, did: str, refusal: CTRLRunError) -> Steps[None]:
         """The store refused the outcome of a function that ran: record it ambiguous."""
@@ -548,6 +554,7 @@ class Control:
         key = options.effect_key
         attempt.event(EventType.RECONCILIATION_STARTED, effect_key=key, trigger=trigger)
         try:
+            assert options.reconcile is not None
             answer = yield call(options.reconcile, key)
         except Exception as exc:
             log.warning("reconcile hook for %r raised: %s", key, describe(exc))
@@ -571,14 +578,14 @@ class Control:
             return "unknown"
         attempt.event(EventType.EFFECT_RESOLVED, state=state.value, resolver=resolver,
                       resolved_by="reconcile")  # fmt: skip
-        return answer
+        return cast(str, answer)
 
     # -- store helpers ---------------------------------------------------------------------
 
     def _record(self, attempt: Attempt, receipt: Receipt | None) -> Steps[Receipt | None]:
         events, stored = yield call(self._store.record, events=attempt.take(), receipt=receipt)
         fan_out(self._sinks, events, stored)
-        return stored
+        return cast("Receipt | None", stored)
 
     def _approver_of(self, approval_id: str | None) -> Steps[str | None]:
         if not approval_id:

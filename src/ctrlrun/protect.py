@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar, cast
 
 from . import _ambient
 from ._default import cached_control, default_control
@@ -76,8 +76,10 @@ class _Call(NamedTuple):
 class _Protected:
     """Everything one decorated function needs at call time."""
 
-    def __init__(self, name, func, signature, effect, resource, wait, lease, reconcile,
-                 reconcile_eagerly, control, task, hop, scope):  # fmt: skip
+    def __init__(self, name: str, func: Callable[..., Any], signature: inspect.Signature,
+                 effect: str | None, resource: str | None, wait: bool, lease: timedelta | None,
+                 reconcile: Reconcile | None, reconcile_eagerly: bool, control: Control | None,
+                 task: str | None, hop: str | None, scope: Any) -> None:  # fmt: skip
         self.name = name
         self.func = func
         self.signature = signature
@@ -256,6 +258,7 @@ class _Protected:
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         control = default_control() if self.needs_default() else self.control
+        assert control is not None  # needs_default() is False only with a control= given
         call = self.prepare(control, args, kwargs)
         evaluation = None
         if call.effect_error is None and self.scope is None:
@@ -272,6 +275,7 @@ class _Protected:
         control = self.control
         if self.needs_default():
             control = cached_control() or await asyncio.to_thread(default_control)
+        assert control is not None
         return await drive_async(self.steps(self.prepare(control, args, kwargs)))
 
 
@@ -334,7 +338,7 @@ def protect(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return protected.call(args, kwargs)
+            return cast(R, protected.call(args, kwargs))
 
         wrapper.__ctrlrun__ = protected  # type: ignore[attr-defined]
         return wrapper

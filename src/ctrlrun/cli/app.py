@@ -31,7 +31,7 @@ class CtrlrunGroup(click.Group):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.ClickException as exc:
-            exc.message = safe(exc.message)
+            setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -40,7 +40,7 @@ class CtrlrunGroup(click.Group):
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except click.ClickException as exc:
-            exc.message = safe(exc.message)
+            setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise
         except CTRLRunError as exc:
             log.debug("ctrlrun refused", exc_info=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .authority import validate_authority
 from .conditions import DATA_SCOPE, Condition, ConditionError, compile_condition
@@ -114,7 +114,7 @@ def _nonblank(ctx: LoadContext, key: str, value: Any, node: Any) -> str:
     if not _label_text(value):
         hint = f' (quote it: "{value}")' if isinstance(value, (int, float)) else ""
         raise ctx.error(key, f"{key} must be a non-empty string, got {describe(value)}{hint}", node)
-    return value
+    return cast(str, value)
 
 
 def _control_id_problem(value: Any) -> str | None:
@@ -224,7 +224,7 @@ def _template(ctx: LoadContext, name: str, key: str, value: Any, entry: Any) -> 
             raise ctx.error(
                 where, "effect keys starting with 'policy:' are reserved for policy changes", entry
             )
-    return value
+    return cast(str, value)
 
 
 def _data(ctx: LoadContext, name: str, value: Any, entry: Any) -> dict[str, str]:

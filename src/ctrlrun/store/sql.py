@@ -214,9 +214,10 @@ class SQLStateStore(StoreOps):
         if conn is None:
             return
         try:
-            if self.engine.dialect.is_disconnect(exc, conn.connection.dbapi_connection, None):
+            error: Any = exc
+            if self.engine.dialect.is_disconnect(error, conn.connection.dbapi_connection, None):
                 local.driver = None
-                conn.invalidate(exc)  # type: ignore[arg-type]
+                conn.invalidate(error)
         except Exception:  # judging it is best effort; the next write reconnects anyway
             local.driver = None
 
@@ -273,7 +274,7 @@ class SQLStateStore(StoreOps):
             raise
         try:
             transaction.commit()
-        except (*errors, OSError) as exc:
+        except (*errors, OSError) as exc:  # type: ignore[misc]
             self._lost(exc)
             self._rollback(transaction)
             raise self._commit_error(exc) from None
@@ -286,6 +287,6 @@ class SQLStateStore(StoreOps):
         transaction = Transaction(dbapi, cursor, None, trace=self.trace)
         try:
             return operation(SQLTx(transaction, self._statements), self._now())
-        except (*self._errors, UnicodeError) as exc:
+        except (*self._errors, UnicodeError) as exc:  # type: ignore[misc]
             self._lost(exc)
             raise self._driver_error(exc, "reading") from None

@@ -50,17 +50,18 @@ class SQLTx(TxSteps):
     def insert_effect(self, record: EffectRecord) -> bool:
         # the driver's own row count: sqlite3 and psycopg both report one for an INSERT
         # (0 when the key exists)
-        return self._run(self.sql.insert_effect.sql, codec.effect_values(record)).rowcount == 1
+        cursor = self._run(self.sql.insert_effect.sql, codec.effect_values(record))
+        return bool(cursor.rowcount == 1)
 
     def update_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
         values = codec.effect_values(record)[1:] + (
             expected.effect_key, expected.state.value, expected.action_id, expected.attempt,
         )  # fmt: skip
-        return self._run(self.sql.update_effect.sql, values).rowcount == 1
+        return bool(self._run(self.sql.update_effect.sql, values).rowcount == 1)
 
     def finish_effect(self, expected: EffectRecord, record: EffectRecord) -> bool:
         values = _finish_values(expected, record)
-        return self._run(self.sql.finish_effect.sql, values).rowcount == 1
+        return bool(self._run(self.sql.finish_effect.sql, values).rowcount == 1)
 
     def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
         statement = self.sql.list_effects(state is not None)
@@ -81,7 +82,7 @@ class SQLTx(TxSteps):
         values = codec.approval_to_row(record)
         values.update(w_id=expected.approval_id, w_status=expected.status.value,
                       w_approvers=codec.approvers_text(expected.approvers))  # fmt: skip
-        return self._go(self.sql.update_approval, values).rowcount == 1
+        return bool(self._go(self.sql.update_approval, values).rowcount == 1)
 
     def find_approvals(
         self,
@@ -179,13 +180,13 @@ class SQLTx(TxSteps):
         sql = self.sql
         if last and self._commits and sql.place_receipt_strict is not None:
             try:
-                return self._commits(sql.place_receipt_strict.sql, row).rowcount == 1
+                return bool(self._commits(sql.place_receipt_strict.sql, row).rowcount == 1)
             except self._unique_error as exc:
                 if _constraint(exc) == "receipts_pkey":
                     return False  # the id is taken: the transaction failed, nothing is kept
                 raise
         if sql.place_receipt is not None:
-            return self._run(sql.place_receipt.sql, row).rowcount == 1
+            return bool(self._run(sql.place_receipt.sql, row).rowcount == 1)
         if self._run(sql.insert_receipt.sql, row).rowcount != 1:  # see insert_effect
             return False
         self._run(sql.set_head_hash.sql, (row[8],))

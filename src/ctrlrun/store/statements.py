@@ -40,7 +40,7 @@ FINISH_COLUMNS = FINISHED_FIELDS  # what a finishing compare-and-set writes, in 
 FINISH_WHERE = ("w_key", "w_action", "w_state")
 UPDATE_WHERE = ("w_key", "w_state", "w_action", "w_attempt")
 EVENTS_PER_STATEMENT = 500  # 6 parameters a row: far below SQLite's and Postgres' limits
-_ONE = literal_column("1")  # written in the text: every bound parameter is a named slot
+_ONE: Any = literal_column("1")  # written in the text: every bound parameter is a named slot
 _CACHED_ROWS = 16  # event statements kept compiled for the small batches a call sends
 
 
@@ -67,16 +67,19 @@ def _dialect(name: str) -> Any:
     if name == "postgresql":
         from sqlalchemy.dialects.postgresql.psycopg import dialect as pg_dialect
 
-        return pg_dialect(paramstyle="format")
+        return pg_dialect(paramstyle="format")  # type: ignore[no-untyped-call]
     raise CTRLRunError(f"no ctrlrun store for the {name} dialect")  # pragma: no cover
 
 
 def _dialect_insert(name: str) -> Callable[..., Any]:
+    """The dialect's ``INSERT`` (it has ``on_conflict_do_nothing``)."""
     if name == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as dialect_insert
-    else:
-        from sqlalchemy.dialects.postgresql import insert as dialect_insert
-    return dialect_insert  # type: ignore[no-any-return]
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return sqlite_insert
+    from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+    return pg_insert
 
 
 def _binds(names: Sequence[str], suffix: str = "") -> dict[str, Any]:
@@ -147,7 +150,7 @@ class Statements:
         )
 
     def compile(self, statement: ClauseElement) -> Compiled:
-        compiled = statement.compile(dialect=self.dialect)
+        compiled: Any = statement.compile(dialect=self.dialect)
         names = tuple(compiled.positiontup or ())
         for name in names:  # a literal bound in passing would need its value carried along
             if compiled.binds[name].value is not None:
@@ -295,7 +298,7 @@ class Statements:
         placed = placed.cte("placed")
         return (
             update(c).where(c.c.id == _ONE).values(hash=placed.c.hash)
-            .add_cte(placed)  # type: ignore[attr-defined]
+            .add_cte(placed)
         )  # fmt: skip
 
     def _cached(self, key: Any, build: Callable[[], Any]) -> Compiled:

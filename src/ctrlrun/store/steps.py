@@ -109,7 +109,7 @@ def _finishing(
     """
     known = EffectRecord(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
     try:
-        updated: EffectRecord | None = decide(known)
+        updated: EffectRecord = decide(known)
     except Exception:  # refused, or unwritable: decided again on the stored record
         return known, None
     # the rules change only state, updated_at, lease, result and error (what finish_effect
@@ -195,6 +195,7 @@ def _start(
         approval = record.as_approval()
     inserted_first = effect_key is not None and approval_id is None and events is not None
     if inserted_first:
+        assert effect_key is not None and events is not None
         # The allow path: a new key is the common case, so the fresh record and the start's
         # events are written outright; only a taken key plans from what is there.
         plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
