@@ -566,9 +566,10 @@ def spy_messages(monkeypatch, store, fault=None) -> list[str]:
 
 
 @needs_server
-def test_allowed_call_is_three_messages(pg, clock, monkeypatch):
-    """Unobserved, BEGIN goes with the first statement and COMMIT with the last: the start is one
-    message, the finish two (the receipt's hash needs the head the first one moves)."""
+def test_allowed_call_is_two_messages(pg, clock, monkeypatch):
+    """BEGIN goes with the first statement and COMMIT with the last: the start is one message,
+    and so is the finish (the server places the receipt after the head it locks, hashing the
+    draft's pieces itself), so no lock outlives a message."""
     control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
 
     @protect("stripe.refund", control=control)
@@ -583,8 +584,7 @@ def test_allowed_call_is_three_messages(pg, clock, monkeypatch):
     assert pg.transactions - before == 2
     assert [(m.split(" AS ")[0], m.endswith("; COMMIT")) for m in messages] == [
         ("BEGIN; WITH reserved", True),
-        ("BEGIN; WITH added", False),  # with the outcome and the head: see finish_and_advance
-        ("WITH placed", True),
+        ("BEGIN; WITH finished", True),
     ]
     assert pg.get_effect("refund:txn_1").state is EffectState.COMMITTED
     assert verify_chain(pg).ok
@@ -713,3 +713,51 @@ def test_schema_dropped_under_a_running_store_is_a_ctrlrun_error(pg_url, clock):
     with pytest.raises(CTRLRunError):
         store.get_effect("k")
     store.close()
+
+
+@needs_server
+def test_the_server_places_receipts_byte_for_byte(pg, clock):
+    """Receipts the server wrote from a draft's pieces read back as the same line and hash as
+    ``Receipt`` computes, for any text in them; the chain verifies."""
+    import json as _json
+
+    from ctrlrun.receipt import Receipt
+
+    control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
+
+    @protect("stripe.refund", control=control, task="t-{payment_id}")
+    def refund(payment_id: str, amount: int, note: object = None) -> str:
+        return "ok"
+
+    notes = [None, "ü € 😀", {"b": [1, "\u2028", True], "a": {"z": None}}, "'; --", 'q"%s%%']
+    with context(agent="agent-ü", user="o'brien"):
+        for i, note in enumerate(notes):
+            assert refund(payment_id=f"p{i}\t", amount=100, note=note) == "ok"
+    stored = pg.receipts()
+    assert len(stored) == len(notes) and verify_chain(pg).ok
+    for receipt in stored:
+        rebuilt, _ = Receipt.from_dict(receipt.to_dict())._placed(receipt.seq, receipt.prev_hash)
+        assert rebuilt.to_json() == receipt.to_json() and rebuilt.hash == receipt.hash
+    assert [_json.loads(r.to_json())["arguments"]["note"] for r in stored] == notes
+
+
+@needs_server
+def test_a_taken_receipt_id_in_the_one_message_finish_writes_none_of_it(pg, clock, monkeypatch):
+    import ctrlrun._straight as straight
+
+    control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
+
+    @protect("stripe.refund", control=control)
+    def refund(payment_id: str, amount: int) -> str:
+        return "ok"
+
+    monkeypatch.setattr(straight, "new_id", lambda prefix: f"{prefix}_fixed")
+    with context(agent="agent-1"):
+        refund(payment_id="txn_1", amount=100)
+        head = pg.chain_head()
+        with pytest.raises(InvalidArgument, match="already stored"):
+            refund(payment_id="txn_2", amount=100)
+    record = pg.get_effect("refund:txn_2")
+    assert record.state is EffectState.EXECUTING  # the finish wrote nothing of itself
+    assert [r.result for r in pg.receipts()] == ["committed", "ambiguous"]
+    assert pg.chain_head()[0] == head[0] + 1 and verify_chain(pg).ok

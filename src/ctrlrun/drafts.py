@@ -69,6 +69,20 @@ class ReceiptDraft:
         self.hash = sha256_hex((canonical % values).encode("utf-8"))
         return self.line, self.hash
 
+    def pieces(self) -> tuple[str, ...]:
+        """The stored line and the canonical text with everything but ``seq`` and ``prev_hash``
+        written: ``(l0, l1, l2, c0, c1, c2)`` such that the line is ``l0 + seq + l1 + prev_hash
+        + l2`` and the canonical text ``c0 + prev_hash + c1 + seq + c2`` (a store that places
+        the receipt itself, in one statement, joins them)."""
+        values = self.values
+        values["seq"], values["prev_hash"] = "\x00", "\x01"  # JSON text never holds these raw
+        line, canonical = (form % values for form in self.formats)
+        l0, rest = line.split("\x00")
+        l1, l2 = rest.split("\x01")
+        c0, rest = canonical.split("\x01")
+        c1, c2 = rest.split("\x00")
+        return l0, l1 + '"', '"' + l2, c0 + '"', '"' + c1, c2
+
     def receipt(self) -> Receipt:
         """The placed receipt as an object (its ``to_json()`` is the stored line)."""
         assert self.line is not None, "a draft becomes a receipt once placed"

@@ -272,6 +272,10 @@ class PostgresStateStore(SQLStateStore):
                     f'"{self._schema}" TO <role>'
                 )
             self._check_skew(server_now, rtt)
+            version = conn.exec_driver_sql("SHOW server_version_num").scalar()
+            # sha256() is built in from PostgreSQL 11: older servers get the receipt's hash
+            # from this host, in a second message
+            self._statements.places = int(version or 0) >= 110000
             has_table, applied, others = read_schema(conn, self._schema)
         except SQLAlchemyError as exc:
             raise self._driver_error(exc, "reading its schema") from None

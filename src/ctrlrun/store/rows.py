@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError
-from ..drafts import EventRow
+from ..drafts import EventRow, ReceiptDraft
 from ..receipt import Event, Receipt, UnreadableReceipt
 
 __all__ = ["KeptWrite", "Tx", "TxSteps"]
@@ -27,6 +27,7 @@ class Tx(Protocol):
     """The row operations a backend offers inside one transaction (or lock)."""
 
     returning: bool  # see TxSteps
+    places_receipts: bool  # whether finish_and_place is offered
 
     def effect(self, effect_key: str) -> EffectRecord | None: ...
     def insert_effect(self, record: EffectRecord) -> bool: ...
@@ -89,6 +90,16 @@ class Tx(Protocol):
         ...
 
 
+    def finish_and_place(
+        self, expected: EffectRecord, record: EffectRecord, rows: Sequence[EventRow],
+        draft: ReceiptDraft,
+    ) -> tuple[Sequence[int], int, str, str] | None:  # fmt: skip
+        """The whole finish in one committing step, the receipt placed by the store itself:
+        the events' ids and ``(seq, prev_hash, hash)``, or ``None`` (nothing written) when the
+        compare-and-set missed. Only where ``places_receipts``."""
+        ...
+
+
 class TxSteps:
     """The combined row operations written with the simple ones; a backend that can do one in
     a single statement overrides it.
@@ -98,6 +109,13 @@ class TxSteps:
     """
 
     returning = True
+    places_receipts = False  # see SQLTx.finish_and_place
+
+    def finish_and_place(
+        self, expected: EffectRecord, record: EffectRecord, rows: Sequence[EventRow],
+        draft: ReceiptDraft,
+    ) -> tuple[Sequence[int], int, str, str] | None:  # fmt: skip
+        raise NotImplementedError("this store places no receipt itself (places_receipts)")
 
     def reserve_new(
         self, record: EffectRecord, rows: Sequence[EventRow], *, last: bool = False

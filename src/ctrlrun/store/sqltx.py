@@ -8,7 +8,8 @@ from typing import Any
 
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
-from ..errors import CTRLRunError
+from ..drafts import ReceiptDraft
+from ..errors import CTRLRunError, InvalidArgument
 from ..drafts import EventRow, event_from_row
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
@@ -38,6 +39,7 @@ class SQLTx(TxSteps):
         # sends a statement with the transaction's COMMIT, when the transaction can
         self._commits = transaction.run_and_commit if transaction.fused else None
         self._unique_error = transaction.unique_error
+        self.places_receipts = statements.places and self._commits is not None
 
     def _go(self, statement: Compiled, values: dict[str, Any]) -> Any:
         return self._run(statement.sql, statement.bind(values))
@@ -166,6 +168,36 @@ class SQLTx(TxSteps):
         if not self.returning:
             return finished, (), head
         return finished, _match_ids(rows, [r[1:] for r in returned if r[0] == 0]), head
+
+    def finish_and_place(
+        self, expected: EffectRecord, record: EffectRecord, rows: Sequence[EventRow],
+        draft: ReceiptDraft,
+    ) -> tuple[Sequence[int], int, str, str] | None:  # fmt: skip
+        """The whole finish in one message that commits (``Statements.finish_and_place``):
+        the events' ids and the receipt's ``(seq, prev_hash, hash)``, or ``None`` when the
+        compare-and-set missed and nothing was written. A taken receipt id writes nothing and
+        is refused."""
+        assert self._commits is not None
+        statement = self.sql.finish_and_place(len(rows))
+        values = dict(zip((*FINISH_COLUMNS, *FINISH_WHERE), _finish_values(expected, record)))
+        values.update(zip(("l0", "l1", "l2", "c0", "c1", "c2"), draft.pieces()))
+        values.update(_event_binds(rows))
+        values.update(receipt_id=draft.receipt_id, action_id=draft.action_id,
+                      effect_key=draft.effect_key, result=draft.result, ts=draft.finished_at)  # fmt: skip
+        try:
+            returned = self._commits(statement.sql, statement.bind(values)).fetchall()
+        except self._unique_error as exc:
+            if _constraint(exc) == "receipts_pkey":
+                raise InvalidArgument(
+                    f"receipt {draft.receipt_id} is already stored; a receipt is written once"
+                ) from None
+            raise
+        placed = [r for r in returned if r[0] == 1]
+        if not placed:
+            return None
+        ids = _match_ids(rows, [r[1:] for r in returned if r[0] == 0])
+        _, seq, digest, prev = placed[0][:4]
+        return ids, int(seq), prev, digest
 
     def list_events(self) -> list[Event]:
         rows = self._run(self.sql.list_events.sql, ()).fetchall()

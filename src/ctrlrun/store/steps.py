@@ -135,6 +135,19 @@ def _finish_and_record(
     """The outcome written by compare-and-set (``_transition`` if it does not match), then the
     events and the receipt; with a receipt, the first three go in one step."""
     known, updated = _finishing(effect_key, action_id, decide, now)
+    if updated is not None and isinstance(receipt, ReceiptDraft) and tx.places_receipts:
+        # one message: the server places the receipt itself; when the outcome's
+        # compare-and-set misses it writes nothing, and the stored record decides below
+        placed = tx.finish_and_place(known, updated, rows, receipt)
+        if placed is not None:
+            ids, seq, prev_hash, digest = placed
+            receipt.place(seq, prev_hash)  # the same line and hash, for whoever reads them
+            if receipt.hash != digest:  # pragma: no cover - the two encoders agree by test
+                raise CTRLRunError(
+                    f"receipt {receipt.receipt_id} hashes to {receipt.hash} here but "
+                    f"{digest} in the store; run `ctrlrun receipts --verify-chain`"
+                )
+            return _stored(tx, rows, ids), receipt
     if updated is not None and receipt is not None:
         _check_receipt(receipt)
         finished, ids, head = tx.finish_and_advance(known, updated, rows)
