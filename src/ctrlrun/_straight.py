@@ -26,7 +26,8 @@ from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA
 from .store.codec import dumps
 
 if TYPE_CHECKING:
-    from .control import Control, _Options
+    from ._settings import _Options
+    from .control import Control
 
 __all__ = ["GIVE_WAY", "Straight"]
 

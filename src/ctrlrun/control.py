@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 from . import _ambient
+from ._settings import Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
 from ._attempt import Attempt, describe, fan_out, storable
 from ._steps import Steps, call, drive, drive_async, run_function
 from ._straight import Straight
@@ -37,40 +37,6 @@ from .store import StateStore
 __all__ = ["Control", "ReconcileOutcome"]
 
 log = logging.getLogger("ctrlrun")
-
-ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
-Reconcile = Callable[[str], ReconcileOutcome]
-
-
-@dataclass(frozen=True)
-class _Options:
-    effect_key: str | None
-    lease: timedelta
-    reconcile: Reconcile | None
-    reconcile_eagerly: bool
-    task: str | None
-    hop: str | None
-
-
-def _positive(value: timedelta, what: str) -> timedelta:
-    if not isinstance(value, timedelta) or value <= timedelta(0):
-        raise InvalidArgument(f"{what} must be a positive timedelta, got {value!r}")
-    return value
-
-
-def _resolve_environment(argument: str | None, policy: Policy) -> str:
-    if argument is not None:
-        if not isinstance(argument, str) or not argument.strip():
-            raise InvalidArgument("Control(environment=...) must be a non-empty string")
-        return argument
-    if "CTRLRUN_ENVIRONMENT" in os.environ:
-        value = os.environ["CTRLRUN_ENVIRONMENT"]
-        if not value.strip():
-            raise InvalidArgument(
-                "CTRLRUN_ENVIRONMENT is set but blank; unset it or name the environment"
-            )
-        return value
-    return policy.environment or "production"
 
 
 class Control:

@@ -17,7 +17,8 @@ from ._steps import Steps, drive, drive_async
 from ._steps import call as blocking
 from .action import Action
 from ._straight import GIVE_WAY
-from .control import Control, Reconcile
+from ._settings import Reconcile
+from .control import Control
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
 from .policy import render_effect_key, render_resource, template_placeholders
 
