@@ -123,3 +123,61 @@ def test_flat_arguments_take_a_shortcut_to_the_same_canonical_form(arguments):
     assert dict(short.arguments) == dict(general.arguments)
     assert short._arguments_json == general._arguments_json
     assert short.canonical_arguments == general.canonical_arguments
+
+
+def _same_moment_clock() -> Any:
+    from datetime import datetime, timezone
+
+    moment = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    return lambda: moment
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(result=nested, taken=st.booleans(), moved=st.booleans(), sink=st.booleans())
+def test_the_memory_stores_two_shortcuts_write_what_its_general_path_writes(result, taken, moved, sink):
+    from ctrlrun.drafts import ReceiptDraft, receipt_formats
+    from ctrlrun.effect import EffectState
+    from ctrlrun.store.ops import StoreOps
+
+    def run(store: InMemoryStateStore, start: Any, finish: Any) -> Any:
+        def rows(approval: Any, reservation: Any) -> list[Any]:
+            return [("t0", "EFFECT_RESERVED", "act_1", "k", None, '{"attempt":%d}' % reservation.attempt)]
+
+        outcomes: list[Any] = []
+        if taken:  # a key another attempt holds: the shortcut gives way to the general path
+            StoreOps.start_attempt(store, action_id="act_0", effect_key="k", events=rows)
+        try:
+            outcomes.append(start(store, action_id="act_1", effect_key="k", events=rows,
+                                  return_events=sink))  # fmt: skip
+        except Exception as exc:
+            outcomes.append(repr(exc))
+        if moved:  # the record is no longer as the finishing attempt left it
+            try:
+                StoreOps.finish_attempt(store, effect_key="k", action_id="act_1",
+                                        outcome=EffectState.FAILED, error="gone")  # fmt: skip
+            except Exception as exc:  # act_1 holds nothing when the key was taken
+                outcomes.append(repr(exc))
+        draft = ReceiptDraft(
+            {key: "null" for key in ("receipt_id", "action_id", "action", "action_hash",
+             "principal", "principal_sorted", "resource", "arguments", "effect_key", "attempt",
+             "started_at", "finished_at", "task", "hop")} | {"receipt_id": '"ctr_1"'},
+            receipt_formats({}), receipt_id="ctr_1", action_id="act_1", effect_key="k",
+            result="committed", finished_at="t1",
+        )  # fmt: skip
+        try:
+            events, placed = finish(
+                store, effect_key="k", action_id="act_1", outcome=EffectState.COMMITTED,
+                result=result, events=(("t1", "EXECUTION_COMMITTED", "act_1", "k", None, "{}"),),
+                receipt=draft, return_events=sink,
+            )  # fmt: skip
+            outcomes.append((events, placed.line, placed.hash))
+        except Exception as exc:
+            outcomes.append(repr(exc))
+        data = store._data
+        return outcomes, data.effects, data.events, data.receipts, data.head, store.transactions
+
+    shortcut = run(InMemoryStateStore(clock=_same_moment_clock()),
+                   InMemoryStateStore.start_attempt, InMemoryStateStore.finish_attempt)  # fmt: skip
+    general = run(InMemoryStateStore(clock=_same_moment_clock()),
+                  StoreOps.start_attempt, StoreOps.finish_attempt)  # fmt: skip
+    assert shortcut == general

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from collections.abc import Iterator
 
 from .errors import InvalidArgument
@@ -58,11 +58,21 @@ def presented_approval() -> str | None:
 @contextmanager
 def holding_effect(effect_key: str | None, attempt: int) -> Iterator[None]:
     """Mark the running executor as the holder of ``effect_key`` at ``attempt``."""
-    reset = _token.set((effect_key, attempt) if effect_key else None)
+    reset = hold(effect_key, attempt)
     try:
         yield
     finally:
         _token.reset(reset)
+
+
+def hold(effect_key: str | None, attempt: int) -> Token[tuple[str, int] | None]:
+    """``holding_effect`` without the context manager: the token to give ``release``."""
+    return _token.set((effect_key, attempt) if effect_key else None)
+
+
+def release(token: Token[tuple[str, int] | None]) -> None:
+    """End what ``hold`` began."""
+    _token.reset(token)
 
 
 def idempotency_token() -> str:

@@ -122,13 +122,17 @@ class Straight:
         if sinks:
             fan_out(sinks, stored, None)
         number = reservation.attempt if reservation is not None else 1
-        with _ambient.holding_effect(effect_key, number):
-            try:
-                value = executor()
-            except BaseException as exc:
+        holding = _ambient.hold(effect_key, number)
+        try:
+            value = executor()
+        except BaseException as exc:
+            try:  # recorded while the key is still held, as in the pipeline
                 attempt = self._attempt(action, effect_key, options, evaluation, started_at, number)
                 drive(control._raised(attempt, options, exc))
-                raise
+            finally:
+                _ambient.release(holding)
+            raise
+        _ambient.release(holding)
         finished_at = format_ts(clock())
         principal = action.principal
         texts = self._principals.get((principal.agent, principal.user))

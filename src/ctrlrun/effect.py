@@ -29,6 +29,7 @@ __all__ = [
     "check_mark_ambiguous",
     "check_reservation_args",
     "check_resolve",
+    "fresh_reservation",
     "idempotency_token_for",
     "lease_is_live",
     "plan_reservation",
@@ -144,6 +145,17 @@ def check_reservation_args(effect_key: Any, action_id: Any, lease: Any) -> None:
         raise InvalidArgument(f"lease must be a positive timedelta, got {lease!r}")
 
 
+def fresh_reservation(
+    effect_key: str, action_id: str, until: datetime, now: datetime, state: EffectState
+) -> tuple[EffectRecord, Reservation]:
+    """The record a key without one gets (attempt 1, leased ``until``), and its reservation;
+    the arguments are checked by the caller (``check_reservation_args``)."""
+    return (
+        EffectRecord(effect_key, state, action_id, 1, now, now, until),
+        Reservation(effect_key, action_id, 1, until),
+    )
+
+
 def plan_reservation(
     record: EffectRecord | None,
     effect_key: str,
@@ -159,8 +171,7 @@ def plan_reservation(
         raise InvalidArgument(f"a reservation is written reserved or executing, not {state}")
     until = now + lease
     if record is None:
-        fresh = EffectRecord(effect_key, state, action_id, 1, now, now, until)
-        return ReservationPlan("insert", write=fresh)
+        return ReservationPlan("insert", write=fresh_reservation(effect_key, action_id, until, now, state)[0])
     if record.state is EffectState.COMMITTED:
         return ReservationPlan(
             "refuse", error=DuplicateEffect(state="committed", effect_key=effect_key)

@@ -5,17 +5,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from .._time import utc_now
-from ..approvals import ApprovalRecord, ApprovalStatus
-from ..effect import EffectRecord, EffectState
-from ..drafts import EventRow, event_from_row
+from ..approvals import Approval, ApprovalRecord, ApprovalStatus
+from ..effect import (
+    DEFAULT_LEASE,
+    EffectRecord,
+    EffectState,
+    Reservation,
+    check_commit,
+    check_reservation_args,
+    fresh_reservation,
+)
+from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
-from .ops import StoreOps
+from .ops import EventsFn, StoreOps
 from .rows import KeptWrite, Tx, TxSteps
+from .steps import _check_id, event_rows
 
 __all__ = ["InMemoryStateStore"]
 
@@ -206,3 +215,96 @@ class InMemoryStateStore(StoreOps):
     def _read(self, operation: Callable[[Tx, datetime], T]) -> T:
         with self._lock:
             return operation(_MemoryTx(self._data), self._now())
+
+    # The allowed call's two writes, straight on the dicts: a new key reserved into
+    # ``executing``, and that attempt committed with its receipt. Anything else (a taken key,
+    # an approval, another outcome, a record not as the caller left it) takes the general path.
+
+    def start_attempt(
+        self,
+        *,
+        action_id: str,
+        effect_key: str | None,
+        lease: timedelta = DEFAULT_LEASE,
+        approval_id: str | None = None,
+        action_hash: str | None = None,
+        events: EventsFn | None = None,
+        return_events: bool = True,
+    ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
+        data = self._data
+        if approval_id is None and effect_key is not None and events is not None:
+            _check_id(action_id, "action_id")
+            _check_id(effect_key, "effect_key")
+            check_reservation_args(effect_key, action_id, lease)
+            with self._lock:
+                if effect_key not in data.effects:
+                    self.transactions += 1  # a write begins (under the store's lock)
+                    now = self._now()
+                    record, reservation = fresh_reservation(
+                        effect_key, action_id, now + lease, now, EffectState.EXECUTING
+                    )
+                    rows = event_rows(events(None, reservation), action_id, effect_key)
+                    row = dict(zip(codec.EFFECT_FIELDS, codec.effect_values(record)))
+                    # nothing below can fail: the write is whole or absent
+                    data.effects[effect_key] = row
+                    ids = self._append(rows)
+                    stored = tuple(map(event_from_row, rows, ids)) if return_events else ()
+                    return None, reservation, stored
+        return super().start_attempt(
+            action_id=action_id, effect_key=effect_key, lease=lease, approval_id=approval_id,
+            action_hash=action_hash, events=events, return_events=return_events,
+        )  # fmt: skip
+
+    def finish_attempt(
+        self,
+        *,
+        effect_key: str | None,
+        action_id: str,
+        outcome: EffectState | str | None,
+        result: Any = None,
+        error: str | None = None,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
+        return_events: bool = True,
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
+        data = self._data
+        if outcome is EffectState.COMMITTED and effect_key is not None and type(receipt) is ReceiptDraft:
+            _check_id(action_id, "action_id")
+            _check_id(effect_key, "effect_key")
+            rows = event_rows(events, action_id, effect_key)
+            with self._lock:
+                row = data.effects.get(effect_key)
+                if (
+                    row is not None and row["action_id"] == action_id
+                    and row["state"] == "executing" and row["result_json"] is None
+                    and row["error"] is None and data.head is not None
+                    and receipt.receipt_id not in data.receipts
+                ):  # fmt: skip
+                    self.transactions += 1  # a write begins (under the store's lock)
+                    now = self._now()
+                    known = EffectRecord(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
+                    finished = codec.finished_values(check_commit(known, effect_key, action_id, result, now))
+                    seq, previous = data.head
+                    receipt.place(seq + 1, previous)
+                    placed = codec.draft_row(receipt)
+                    # nothing below can fail: the write is whole or absent
+                    row = row.copy()
+                    row.update(zip(codec.FINISHED_FIELDS, finished))
+                    data.effects[effect_key] = row
+                    ids = self._append(rows)
+                    data.receipts[receipt.receipt_id] = dict(zip(codec.RECEIPT_ROW, placed))
+                    data.head = (seq + 1, placed[8])
+                    stored = tuple(map(event_from_row, rows, ids)) if return_events else ()
+                    return stored, receipt
+        return super().finish_attempt(
+            effect_key=effect_key, action_id=action_id, outcome=outcome, result=result,
+            error=error, events=events, receipt=receipt, return_events=return_events,
+        )  # fmt: skip
+
+    def _append(self, rows: Sequence[EventRow]) -> range:
+        data = self._data
+        first = data.next_event_id
+        data.next_event_id = first + len(rows)
+        ids = range(first, data.next_event_id)
+        data.events.extend([(i, *row) for i, row in zip(ids, rows)])
+        return ids

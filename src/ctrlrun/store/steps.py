@@ -17,6 +17,7 @@ from ..effect import (
     EffectRecord,
     EffectState,
     Reservation,
+    fresh_reservation,
     plan_reservation,
 )
 from ..errors import (
@@ -211,12 +212,13 @@ def _start(
         assert effect_key is not None and events is not None
         # The allow path: a new key is the common case, so the fresh record and the start's
         # events are written outright; only a taken key plans from what is there.
-        plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
-        assert plan.kind == "insert" and plan.write is not None
-        rows = event_rows(events(None, plan.reservation), action_id, effect_key)
-        ids = tx.reserve_new(plan.write, rows, last=True)
+        if state not in (EffectState.RESERVED, EffectState.EXECUTING):
+            raise InvalidArgument(f"a reservation is written reserved or executing, not {state}")
+        written, fresh = fresh_reservation(effect_key, action_id, now + lease, now, state)
+        rows = event_rows(events(None, fresh), action_id, effect_key)
+        ids = tx.reserve_new(written, rows, last=True)
         if ids is not None:
-            return None, plan.reservation, _stored(tx, rows, ids)
+            return None, fresh, _stored(tx, rows, ids)
     if effect_key is not None:
         try:
             # With an approval the key is read first (as before), so a race on the key is
