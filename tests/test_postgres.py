@@ -481,7 +481,7 @@ def fail_next_commit(monkeypatch, store, how: str, url: str) -> list[int]:
 @pytest.mark.parametrize("how", ["reply_lost", "terminated"])
 def test_lost_commit_is_ambiguous_write(pg_url, pg, monkeypatch, how):
     fail_next_commit(monkeypatch, pg, how, pg_url)
-    with pytest.raises(AmbiguousWrite, match="outcome is unknown"):
+    with pytest.raises(AmbiguousWrite, match="went unanswered"):
         pg.reserve_effect("k", "a1")
     record = pg.get_effect("k")  # the store carries on (a fresh connection if it lost one)
     if how == "reply_lost":
@@ -513,7 +513,10 @@ actions:
 
 
 @needs_server
-def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, monkeypatch):
+@pytest.mark.parametrize("how", ["reply_lost", "never_sent"])
+def test_a_lost_start_commit_never_runs_the_function_and_leaves_a_retry_that_runs_once(
+    pg_url, pg, clock, monkeypatch, how
+):
     calls: list[str] = []
     control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
 
@@ -522,18 +525,38 @@ def test_control_never_runs_the_function_after_a_lost_commit(pg_url, pg, clock, 
         calls.append(payment_id)
         return "ok"
 
-    fail_next_commit(monkeypatch, pg, "reply_lost", pg_url)
+    if how == "reply_lost":  # the start committed, its answer never came
+        fail_next_commit(monkeypatch, pg, "reply_lost", pg_url)
+        said = "now released"
+    else:  # the start never reached the server
+        real = pg._try_write
+
+        def lost_before(operation):
+            monkeypatch.setattr(pg, "_try_write", real)
+            import psycopg
+
+            from ctrlrun.store.sql import _Failed
+
+            cause = psycopg.OperationalError("server closed the connection")
+            raise _Failed(cause, pg._commit_error(cause), unknown=True)
+
+        monkeypatch.setattr(pg, "_try_write", lost_before)
+        said = "kept nothing"
     with context(agent="agent-1"):
-        with pytest.raises(AmbiguousWrite):
+        with pytest.raises(AmbiguousWrite, match=said) as info:
             refund(payment_id="txn_1", amount=100)
-        assert calls == [] and pg.receipts() == ()  # no receipt: the store is what failed
+        assert "the function was not run" in str(info.value) and calls == []
         record = pg.get_effect("refund:txn_1")
-        assert record.state is EffectState.EXECUTING  # the start did commit
-        with pytest.raises(DuplicateEffect) as info:  # and nobody may run it on a guess
-            refund(payment_id="txn_1", amount=100)
-        assert info.value.state == "in_progress"
-        assert calls == []
-        assert refund(payment_id="txn_2", amount=100) == "ok" and calls == ["txn_2"]
+        if how == "reply_lost":  # released, with its receipt: it provably never ran
+            assert record.state is EffectState.FAILED
+            (receipt,) = pg.receipts()
+            assert receipt.result == "failed" and "was not run" in receipt.error
+        else:
+            assert record is None and pg.receipts() == ()
+        assert refund(payment_id="txn_1", amount=100) == "ok"  # the same code's retry
+        assert calls == ["txn_1"]  # exactly once
+        assert pg.get_effect("refund:txn_1").state is EffectState.COMMITTED
+        assert verify_chain(pg).ok
 
 
 # --------------------------------------------------------------------------- BEGIN and COMMIT sent with statements
@@ -619,7 +642,7 @@ def test_lost_reply_to_a_message_carrying_commit_is_ambiguous(pg, monkeypatch, w
         return cursor.execute(message, params)
 
     spy_messages(monkeypatch, pg, lose)
-    with pytest.raises(AmbiguousWrite, match="outcome is unknown"):
+    with pytest.raises(AmbiguousWrite, match="went unanswered"):
         pg.start_attempt(
             action_id="a1", effect_key="k", lease=timedelta(minutes=5),
             events=lambda approval, reservation: [make_event()],

@@ -349,7 +349,7 @@ def test_lost_commit_is_ambiguous_write(db, clock, monkeypatch):
     monkeypatch.setattr(
         store, "_begin_write", lambda dbapi, cursor: LostCommit(real_begin(dbapi, cursor))
     )
-    with pytest.raises(AmbiguousWrite, match="outcome is unknown"):
+    with pytest.raises(AmbiguousWrite, match="went unanswered"):
         store.reserve_effect("k", "a1")
     store.close()
 

@@ -19,7 +19,8 @@ from ._steps import drive
 from ._time import format_ts
 from .action import _CANONICAL_JSON, Action, Principal, _json_opt, _json_str, new_id
 from .effect import EffectState
-from .errors import AmbiguousEffect, DuplicateEffect, InvalidArgument
+from ._outcomes import lost_start, outcome_unrecorded
+from .errors import AmbiguousEffect, AmbiguousWrite, CTRLRunError, DuplicateEffect, InvalidArgument
 from .policy import Decision, Evaluation
 from .drafts import ReceiptDraft, receipt_formats
 from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA
@@ -119,6 +120,9 @@ class Straight:
             )  # fmt: skip
         except (DuplicateEffect, AmbiguousEffect):
             return GIVE_WAY, evaluation  # refused, nothing written but a kept write
+        except AmbiguousWrite as lost:
+            attempt = self._attempt(action, effect_key, options, evaluation, started_at, 1)
+            raise drive(lost_start(control, attempt, lost)) from None
         if sinks:
             fan_out(sinks, stored, None)
         number = reservation.attempt if reservation is not None else 1
@@ -169,6 +173,9 @@ class Straight:
             attempt = self._attempt(action, effect_key, options, evaluation, started_at, number)
             drive(control._unrecorded(attempt, "returned", refusal))
             raise refusal from None
+        except CTRLRunError as failed:  # the store never took it, retried until its deadline
+            attempt = self._attempt(action, effect_key, options, evaluation, started_at, number)
+            raise outcome_unrecorded(attempt, "returned", failed) from None
         if sinks:
             fan_out(sinks, events, draft.receipt())
         return value, None

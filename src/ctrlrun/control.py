@@ -11,6 +11,8 @@ from typing import Any, cast
 from . import _ambient
 from ._settings import Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
 from ._attempt import Attempt, describe, fan_out, storable
+from ._outcomes import lost_start, outcome_unrecorded
+from ._refusals import refuse_approval, refuse_denied_approval, refuse_reservation
 from ._steps import Steps, call, drive, drive_async, run_function
 from ._straight import Straight
 from ._time import Clock, format_ts, utc_now
@@ -20,6 +22,7 @@ from .effect import DEFAULT_LEASE, EffectState
 from .errors import (
     ActionDenied,
     AmbiguousEffect,
+    AmbiguousWrite,
     ApprovalMismatch,
     ApprovalRequired,
     CTRLRunError,
@@ -27,6 +30,7 @@ from .errors import (
     IdentityError,
     InvalidArgument,
     NotExecuted,
+    OutcomeUnrecorded,
     PolicyError,
 )
 from .identity import IdentityProvider
@@ -367,23 +371,25 @@ class Control:
                 )
             except ApprovalMismatch as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                yield from self._refuse_approval(attempt, refusal)
+                yield from refuse_approval(self, attempt, refusal)
                 raise
             except ActionDenied as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                yield from self._refuse_denied_approval(attempt, refusal)
+                yield from refuse_denied_approval(self, attempt, refusal)
                 raise
             except DuplicateEffect as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                yield from self._refuse_reservation(attempt, refusal, state=refusal.state)
+                yield from refuse_reservation(self, attempt, refusal, state=refusal.state)
                 raise
+            except AmbiguousWrite as lost:
+                raise (yield from lost_start(self, attempt, lost)) from None
             except AmbiguousEffect as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
                 if options.reconcile is not None and not reconciled:
                     reconciled = True
                     if (yield from self._reconcile(attempt, options, "blocking")) != "unknown":
                         continue  # resolved: reserve again (renewal, or a committed duplicate)
-                yield from self._refuse_reservation(attempt, refusal, state=None)
+                yield from refuse_reservation(self, attempt, refusal, state=None)
                 raise
             attempt.pending.clear()  # written by the start
             fan_out(self._sinks, stored, None)
@@ -408,20 +414,28 @@ class Control:
         """Record what a function that raised leaves behind; the caller re-raises ``exc``."""
         if isinstance(exc, NotExecuted):
             error = storable(str(exc) or describe(exc))
-            yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
+            try:
+                yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
+            except OutcomeUnrecorded as unrecorded:
+                exc.add_note(str(unrecorded))
             return
-        wrote = yield from self._finish(
-            attempt, EffectState.AMBIGUOUS, None, describe(exc), "raised " + type(exc).__name__,
-            reraise_store=isinstance(exc, Exception),
-        )  # fmt: skip
+        try:
+            wrote = yield from self._finish(
+                attempt, EffectState.AMBIGUOUS, None, describe(exc), "raised " + type(exc).__name__,
+                reraise_store=isinstance(exc, Exception),
+            )  # fmt: skip
+        except OutcomeUnrecorded as unrecorded:
+            exc.add_note(str(unrecorded))  # the function's own exception goes on, with this
+            return
         if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key:
             yield from self._reconcile(attempt, options, "eager")
             if attempt.pending:
                 yield from self._record(attempt, None)
 
     def _finish(self, attempt: Attempt, outcome: EffectState, value: Any, error: str | None,
-                did: str, *, reraise_store: bool = True) -> Steps[Receipt | None]:  # fmt: skip
-        """Write the outcome, its event and the receipt in one transaction."""
+                did: str, *, reraise_store: bool = True, ran: bool = True) -> Steps[Receipt | None]:  # fmt: skip
+        """Write the outcome, its event and the receipt in one transaction (the store retries
+        it); a store that never takes it raises ``OutcomeUnrecorded`` once the function ``ran``."""
         event_type = {
             EffectState.COMMITTED: EventType.EXECUTION_COMMITTED,
             EffectState.FAILED: EventType.EXECUTION_FAILED,
@@ -449,6 +463,10 @@ class Control:
             if reraise_store:
                 raise refusal from None
             return None
+        except CTRLRunError as failed:
+            if not ran:
+                raise
+            raise outcome_unrecorded(attempt, did, failed) from None
         fan_out(self._sinks, events, stored)
         return cast("Receipt | None", stored)
 
@@ -459,51 +477,6 @@ class Control:
         yield from self._record(attempt, attempt.receipt("ambiguous", message))
 
     # -- refusals --------------------------------------------------------------------------
-
-    def _refuse_approval(self, attempt: Attempt, refusal: ApprovalMismatch) -> Steps[None]:
-        if refusal.reason == "expired":
-            attempt.event(EventType.APPROVAL_EXPIRED)
-        attempt.event(
-            EventType.APPROVAL_INVALIDATED,
-            reason=refusal.reason,
-            action_hash=attempt.action.action_hash,
-        )
-        attempt.approver = yield from self._approver_of(attempt.approval_id)
-        attempt.attempt = yield from self._attempt_number(attempt.effect_key)
-        error = _APPROVAL_ERRORS.get(refusal.reason, "approval {id} refused ({reason})")
-        yield from self._record(
-            attempt,
-            attempt.receipt("blocked", error.format(id=attempt.approval_id, reason=refusal.reason)),
-        )
-
-    def _refuse_denied_approval(self, attempt: Attempt, refusal: ActionDenied) -> Steps[None]:
-        approver = yield from self._approver_of(attempt.approval_id)
-        attempt.approver = approver
-        attempt.event(EventType.APPROVAL_DENIED, approver=approver)
-        attempt.event(EventType.ACTION_DENIED, reason="approval_denied")
-        attempt.attempt = yield from self._attempt_number(attempt.effect_key)
-        yield from self._record(
-            attempt,
-            attempt.receipt("denied", f"approval {attempt.approval_id} was denied by {approver}"),
-        )
-        refusal.action_id = attempt.action.action_id
-
-    def _refuse_reservation(self, attempt: Attempt, refusal: CTRLRunError, *, state: str | None) -> Steps[None]:
-        key = attempt.effect_key
-        if state is None:
-            attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="ambiguous")
-            error = f"effect {key} may already have happened (ambiguous); blind retry refused"
-        else:
-            attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="duplicate", state=state)
-            error = (
-                f"effect {key} already committed (duplicate)"
-                if state == "committed"
-                else f"effect {key} is held by another attempt (in_progress)"
-            )
-        if attempt.approval_id:
-            attempt.approver = yield from self._approver_of(attempt.approval_id)
-        attempt.attempt = yield from self._attempt_number(key)
-        yield from self._record(attempt, attempt.receipt("blocked", error))
 
     def _close_unneeded_approval(self, attempt: Attempt, approval_id: str) -> Steps[None]:
         """An allowed action presenting a matching grant closes it; any failure is ignored."""
@@ -577,11 +550,3 @@ _BEFORE_START = frozenset(
         EventType.EFFECT_RESOLVED,
     }
 )
-
-_APPROVAL_ERRORS = {
-    "mismatch": "approval {id} is bound to another action (mismatch)",
-    "consumed": "approval {id} was already used (consumed)",
-    "expired": "approval {id} expired before it was used (expired)",
-    "pending": "approval {id} has not been granted yet (pending)",
-    "unknown": "no approval request {id} (unknown)",
-}

@@ -18,6 +18,7 @@ __all__ = [
     "DuplicateEffect",
     "AmbiguousEffect",
     "AmbiguousWrite",
+    "OutcomeUnrecorded",
     "NotExecuted",
     "Suspended",
     "IdentityError",
@@ -202,7 +203,19 @@ class AmbiguousEffect(CTRLRunError):
 
 
 class AmbiguousWrite(CTRLRunError):
-    """A store COMMIT's outcome is unknown; the function was not run."""
+    """A store write's COMMIT went unanswered: whether the store kept it is unknown.
+
+    Raised by a protected call when it happened before the function ran (the message says what
+    became of the reservation); after the function ran the call raises ``OutcomeUnrecorded``.
+    """
+
+
+class OutcomeUnrecorded(AmbiguousEffect):
+    """The function ran, but the store could not take its outcome (retried until a deadline).
+
+    The key stays ``executing`` and lapses into ``ambiguous`` with its lease; the message names
+    the key and the next step (``ctrlrun resolve``). Never retry the call blindly.
+    """
 
 
 class NotExecuted(CTRLRunError):

@@ -184,6 +184,10 @@ class _MemoryTx(TxSteps):
         rows.sort(key=lambda r: (r["seq"] is not None, r["seq"] or 0, r["receipt_id"]))
         return [codec.receipt_from_row(r) for r in rows]
 
+    def stored_receipt(self, receipt_id: str) -> tuple[str, str] | None:
+        row = self._receipts.get(receipt_id) or self._data.receipts.get(receipt_id)
+        return None if row is None else (row["json"], row["hash"])
+
     def head(self) -> tuple[int, str] | None:
         return self._head
 

@@ -41,6 +41,7 @@ from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
 from .rows import KeptWrite, Tx, TxSteps
+from .settle import Landed, finish_landed
 
 __all__ = ["KeptWrite", "StoreOps", "Tx", "TxSteps"]  # the row interface is re-exported
 
@@ -97,6 +98,13 @@ class StoreOps:
 
     def _read(self, operation: Callable[[Tx, datetime], T]) -> T:  # pragma: no cover
         raise NotImplementedError
+
+    def _write_outcome(
+        self, operation: Callable[[Tx, datetime], T], landed: Callable[[Tx, datetime], T | None]
+    ) -> T:
+        """``_write`` for an outcome (the function has run): a backend that can lose a write's
+        answer retries it, and reads back with ``landed`` whether an unanswered one is kept."""
+        return self._write(operation)
 
     def close(self) -> None:
         """Release connections; a later call opens fresh ones."""
@@ -364,7 +372,13 @@ class StoreOps:
             decide = lambda r: check(r, effect_key, action_id, value, now)  # noqa: E731
             return _finish_and_record(tx, effect_key, action_id, decide, now, rows, receipt)
 
-        return self._write(finish)
+        def landed(tx: Any, now: datetime) -> Landed | None:
+            return finish_landed(
+                tx, effect_key=effect_key, action_id=action_id, outcome=target, rows=rows,
+                receipt=receipt, return_events=return_events,
+            )  # fmt: skip
+
+        return self._write_outcome(finish, landed)
 
     def record(
         self,

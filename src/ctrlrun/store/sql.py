@@ -10,7 +10,9 @@ owns the driver connection the data path uses.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -26,7 +28,17 @@ from .statements import Statements
 
 __all__ = ["SQLStateStore", "SQLTx", "Statements", "Transaction"]
 
+log = logging.getLogger("ctrlrun")
 T = TypeVar("T")
+
+
+class _Failed(Exception):
+    """A write's driver error: ``error`` to raise, ``cause`` the driver's, and ``unknown``
+    when the write may have been kept (its COMMIT went unanswered)."""
+
+    def __init__(self, cause: BaseException, error: CTRLRunError, *, unknown: bool) -> None:
+        super().__init__(str(error))
+        self.cause, self.error, self.unknown = cause, error, unknown
 Trace = Callable[[str, Sequence[Any] | None], None]
 
 
@@ -114,6 +126,10 @@ class SQLStateStore(StoreOps):
 
     BEGIN_WRITE = "BEGIN"
     FUSED = False  # the driver sends BEGIN and COMMIT with statements (see Transaction)
+    #: how long the outcome of a function that ran is retried (seconds); see _write_outcome
+    outcome_deadline = 15.0
+    _monotonic = staticmethod(time.monotonic)
+    _sleep = staticmethod(time.sleep)
 
     def __init__(self, engine: Engine, *, clock: Callable[[], datetime]) -> None:
         super().__init__(clock=clock)
@@ -168,8 +184,7 @@ class SQLStateStore(StoreOps):
 
     def _commit_error(self, exc: BaseException) -> CTRLRunError:
         return AmbiguousWrite(
-            f"the store's COMMIT failed and its outcome is unknown ({exc}); "
-            "nothing was run: check the effect before retrying"
+            f"the store's COMMIT went unanswered, so whether it kept the write is unknown ({exc})"
         )
 
     # -- connections
@@ -248,6 +263,14 @@ class SQLStateStore(StoreOps):
             pass
 
     def _write(self, operation: Callable[[Tx, datetime], T]) -> T:
+        try:
+            return self._try_write(operation)
+        except _Failed as failed:
+            raise failed.error from None
+
+    def _try_write(self, operation: Callable[[Tx, datetime], T]) -> T:
+        """One write transaction; a driver error comes out as ``_Failed`` (with what it means
+        for the caller, and whether the write may have been kept)."""
         dbapi, cursor = self._driver()
         self._count()
         errors = self._errors
@@ -255,7 +278,7 @@ class SQLStateStore(StoreOps):
             transaction = self._begin_write(dbapi, cursor)
         except errors as exc:
             self._lost(exc)
-            raise self._driver_error(exc, "starting a write") from None
+            raise _Failed(exc, self._driver_error(exc, "starting a write"), unknown=False) from None
         kept: CTRLRunError | None = None
         tx = SQLTx(transaction, self._statements)
         try:
@@ -267,8 +290,8 @@ class SQLStateStore(StoreOps):
             unknown = transaction.committing and not self._failed_first(transaction)
             self._rollback(transaction)
             if unknown:  # the COMMIT sent with the statement may have been carried out
-                raise self._commit_error(exc) from None
-            raise self._driver_error(exc, "writing") from None
+                raise _Failed(exc, self._commit_error(exc), unknown=True) from None
+            raise _Failed(exc, self._driver_error(exc, "writing"), unknown=False) from None
         except BaseException:
             self._rollback(transaction)
             raise
@@ -277,10 +300,50 @@ class SQLStateStore(StoreOps):
         except (*errors, OSError) as exc:  # type: ignore[misc]
             self._lost(exc)
             self._rollback(transaction)
-            raise self._commit_error(exc) from None
+            raise _Failed(exc, self._commit_error(exc), unknown=True) from None
         if kept is not None:
             raise kept
         return result
+
+    def _write_outcome(
+        self, operation: Callable[[Tx, datetime], T], landed: Callable[[Tx, datetime], T | None]
+    ) -> T:
+        """The outcome of a function that ran is written hard: a write that failed for a
+        passing reason (a lost connection, a busy or restarting server, a lock or statement
+        timeout) is sent again on a fresh connection until ``outcome_deadline`` seconds have
+        passed, and one whose answer was lost is first read back (``landed``), never written
+        twice. The error left at the deadline is the last one seen."""
+        deadline = self._monotonic() + self.outcome_deadline
+        delay = 0.05
+        unanswered = False  # a write was sent whose answer was lost: read before writing again
+        while True:
+            failed: _Failed
+            try:
+                if unanswered:
+                    found = self._read(landed)
+                    if found is not None:
+                        return found
+                    unanswered = False
+                return self._try_write(operation)
+            except _Failed as exc:
+                failed = exc
+                unanswered = unanswered or exc.unknown
+                if not exc.unknown and not self._transient(exc.cause):
+                    raise exc.error from None
+            except CTRLRunError as exc:  # the read back failed: still unanswered
+                if not unanswered:
+                    raise
+                failed = _Failed(exc, exc, unknown=True)
+            if self._monotonic() + delay > deadline:
+                raise failed.error from None
+            log.warning("the store write of an outcome failed (%s); trying again", failed.error)
+            self._sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether a driver error passes: the server or the file may take the write later."""
+        original = getattr(exc, "orig", None) or exc
+        return any(k.__name__ in ("OperationalError", "InterfaceError") for k in type(original).__mro__)
 
     def _read(self, operation: Callable[[Tx, datetime], T]) -> T:
         dbapi, cursor = self._driver()

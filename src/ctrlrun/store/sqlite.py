@@ -115,7 +115,8 @@ class SQLiteStateStore(SQLStateStore):
         if "locked" in lower or "busy" in lower:
             return CTRLRunError(
                 f"the SQLite store {self._path} is busy: another connection held its write lock "
-                f"for more than {_BUSY_SECONDS:g} s while {doing} ({message}); retry later"
+                f"for more than {_BUSY_SECONDS:g} s while {doing} ({message}); this write was "
+                "not kept"
             )
         if "not a database" in lower or "malformed" in lower or "encrypted" in lower:
             return InvalidArgument(

@@ -228,6 +228,10 @@ class SQLTx(TxSteps):
         rows = self._run(self.sql.list_receipts.sql, ()).fetchall()
         return [codec.receipt_from_row(dict(zip(RECEIPT_COLUMNS, r))) for r in rows]
 
+    def stored_receipt(self, receipt_id: str) -> tuple[str, str] | None:
+        row = self._run(self.sql.stored_receipt.sql, (receipt_id,)).fetchone()
+        return None if row is None else (row[0], row[1])
+
     def head(self) -> tuple[int, str] | None:
         row = self._run(self.sql.head.sql, ()).fetchone()
         return None if row is None else (int(row[0]), row[1])

@@ -150,6 +150,9 @@ class Statements:
         )  # fmt: skip
         self.list_events = self.compile(select(*self.events.c).order_by(self.events.c.event_id))
         r = self.receipts
+        self.stored_receipt = self.compile(
+            select(r.c.json, r.c.hash).where(r.c.receipt_id == bindparam("id"))
+        )
         self.list_receipts = self.compile(
             select(*r.c).order_by(r.c.seq.asc().nulls_first(), r.c.receipt_id)
         )

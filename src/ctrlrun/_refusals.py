@@ -1,0 +1,77 @@
+"""How a protected call records the refusals its start meets: a spent or wrong approval, a
+denied one, a key that is taken or ambiguous (each with its events and a receipt)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._attempt import Attempt
+from ._steps import Steps
+from .errors import ActionDenied, ApprovalMismatch, CTRLRunError
+from .receipt import EventType
+
+if TYPE_CHECKING:
+    from .control import Control
+
+__all__ = ["refuse_approval", "refuse_denied_approval", "refuse_reservation"]
+
+_APPROVAL_ERRORS = {
+    "mismatch": "approval {id} is bound to another action (mismatch)",
+    "consumed": "approval {id} was already used (consumed)",
+    "expired": "approval {id} expired before it was used (expired)",
+    "pending": "approval {id} has not been granted yet (pending)",
+    "unknown": "no approval request {id} (unknown)",
+}
+
+
+def refuse_approval(control: Control, attempt: Attempt, refusal: ApprovalMismatch) -> Steps[None]:
+    """A presented approval the store would not spend: its events and a ``blocked`` receipt."""
+    if refusal.reason == "expired":
+        attempt.event(EventType.APPROVAL_EXPIRED)
+    attempt.event(
+        EventType.APPROVAL_INVALIDATED,
+        reason=refusal.reason,
+        action_hash=attempt.action.action_hash,
+    )
+    attempt.approver = yield from control._approver_of(attempt.approval_id)
+    attempt.attempt = yield from control._attempt_number(attempt.effect_key)
+    error = _APPROVAL_ERRORS.get(refusal.reason, "approval {id} refused ({reason})")
+    yield from control._record(
+        attempt,
+        attempt.receipt("blocked", error.format(id=attempt.approval_id, reason=refusal.reason)),
+    )
+
+
+def refuse_denied_approval(control: Control, attempt: Attempt, refusal: ActionDenied) -> Steps[None]:
+    """A presented approval a human denied: its events and a ``denied`` receipt."""
+    approver = yield from control._approver_of(attempt.approval_id)
+    attempt.approver = approver
+    attempt.event(EventType.APPROVAL_DENIED, approver=approver)
+    attempt.event(EventType.ACTION_DENIED, reason="approval_denied")
+    attempt.attempt = yield from control._attempt_number(attempt.effect_key)
+    yield from control._record(
+        attempt,
+        attempt.receipt("denied", f"approval {attempt.approval_id} was denied by {approver}"),
+    )
+    refusal.action_id = attempt.action.action_id
+
+
+def refuse_reservation(
+    control: Control, attempt: Attempt, refusal: CTRLRunError, *, state: str | None
+) -> Steps[None]:
+    """A key that is taken (``state``) or ambiguous (``None``): the event, a ``blocked`` receipt."""
+    key = attempt.effect_key
+    if state is None:
+        attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="ambiguous")
+        error = f"effect {key} may already have happened (ambiguous); blind retry refused"
+    else:
+        attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="duplicate", state=state)
+        error = (
+            f"effect {key} already committed (duplicate)"
+            if state == "committed"
+            else f"effect {key} is held by another attempt (in_progress)"
+        )
+    if attempt.approval_id:
+        attempt.approver = yield from control._approver_of(attempt.approval_id)
+    attempt.attempt = yield from control._attempt_number(key)
+    yield from control._record(attempt, attempt.receipt("blocked", error))
