@@ -170,3 +170,51 @@ def test_a_refusal_is_not_retried(tmp_path, clock):
         with pytest.raises(AmbiguousEffect) as info:
             refund(payment_id="txn_1", amount=100)
     assert not isinstance(info.value, OutcomeUnrecorded) and ticking.slept == []
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 4 MB filesystem of its own (tmpfs), so a test can fill it; skipped where mounting is
+    not allowed (not root)."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_sqlite_disk_full_after_the_function_ran_is_retried_until_space_returns(tiny_disk, clock):
+    store = SQLiteStateStore(tiny_disk / "state.db", clock=clock)
+    filler = tiny_disk / "filler"
+    waited: list[float] = []
+
+    def fill_the_disk() -> None:
+        with open(filler, "wb") as out:
+            try:
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+            except OSError:
+                pass
+
+    def space_returns(seconds: float) -> None:  # an operator frees space while it waits
+        waited.append(seconds)
+        filler.unlink(missing_ok=True)
+
+    store._sleep = space_returns
+    calls: list[str] = []
+    refund = _refund(store, clock, calls, fill_the_disk)
+    with context(agent="agent-1"):
+        assert refund(payment_id="txn_1", amount=100) == "ok"
+    assert calls == ["txn_1"] and waited  # the outcome met a full disk, and was written later
+    assert store.get_effect("refund:txn_1").state is EffectState.COMMITTED
+    assert len(store.receipts()) == 1 and verify_chain(store).ok
+    store.close()

@@ -184,7 +184,8 @@ class SQLStateStore(StoreOps):
 
     def _commit_error(self, exc: BaseException) -> CTRLRunError:
         return AmbiguousWrite(
-            f"the store's COMMIT went unanswered, so whether it kept the write is unknown ({exc})"
+            f"the store's COMMIT failed or went unanswered, so whether it kept the write is "
+            f"unknown ({exc})"
         )
 
     # -- connections
