@@ -10,7 +10,7 @@ import pytest
 
 from ctrlrun import Control, Policy, context, protect
 from ctrlrun.effect import EffectState
-from ctrlrun.errors import AmbiguousEffect, OutcomeUnrecorded
+from ctrlrun.errors import AmbiguousEffect, AmbiguousWrite
 from ctrlrun.receipt import verify_chain
 from ctrlrun.store import SQLiteStateStore
 
@@ -116,10 +116,10 @@ def test_past_the_deadline_the_error_says_the_function_ran_and_names_the_key(pg,
     refund = _refund(pg, clock, calls)
     spy_messages(monkeypatch, pg, store_gone)
     with context(agent="agent-1"):
-        with pytest.raises(OutcomeUnrecorded) as info:
+        with pytest.raises(AmbiguousWrite) as info:
             refund(payment_id="txn_1", amount=100)
     error = info.value
-    assert isinstance(error, AmbiguousEffect) and error.effect_key == "refund:txn_1"
+    assert not isinstance(error, AmbiguousEffect) and error.effect_key == "refund:txn_1"
     text = str(error)
     assert "the function ran" in text and "refund:txn_1" in text and "ctrlrun resolve" in text
     assert "nothing was run" not in text and "not run" not in text
@@ -169,7 +169,7 @@ def test_a_refusal_is_not_retried(tmp_path, clock):
     with context(agent="agent-1"):
         with pytest.raises(AmbiguousEffect) as info:
             refund(payment_id="txn_1", amount=100)
-    assert not isinstance(info.value, OutcomeUnrecorded) and ticking.slept == []
+    assert not isinstance(info.value, AmbiguousWrite) and ticking.slept == []
 
 
 @pytest.fixture

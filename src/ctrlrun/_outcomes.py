@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from ._attempt import Attempt, storable
 from ._steps import Steps, call
 from .effect import EffectState
-from .errors import AmbiguousWrite, CTRLRunError, OutcomeUnrecorded
+from .errors import AmbiguousWrite, CTRLRunError
 
 if TYPE_CHECKING:
     from .control import Control
@@ -23,7 +23,7 @@ __all__ = ["lost_start", "outcome_unrecorded"]
 
 log = logging.getLogger("ctrlrun")
 
-_NOT_RUN = "the store did not answer the start's COMMIT; the function was not run"
+_NOT_RUN = "start not confirmed; the function was not run"
 
 
 def lost_start(control: Control, attempt: Attempt, error: AmbiguousWrite) -> Steps[AmbiguousWrite]:
@@ -70,7 +70,7 @@ def lost_start(control: Control, attempt: Attempt, error: AmbiguousWrite) -> Ste
     )
 
 
-def outcome_unrecorded(attempt: Attempt, did: str, error: CTRLRunError) -> OutcomeUnrecorded:
+def outcome_unrecorded(attempt: Attempt, did: str, error: CTRLRunError) -> AmbiguousWrite:
     """The error of a function that ran (``did``: "returned", "raised X") whose outcome the
     store did not take."""
     key, action = attempt.effect_key, attempt.action
@@ -88,4 +88,4 @@ def outcome_unrecorded(attempt: Attempt, did: str, error: CTRLRunError) -> Outco
             f"`ctrlrun resolve {key} --committed` or `--failed`. Do not retry blindly"
         )
     log.error("%s", message)
-    return OutcomeUnrecorded(message, effect_key=key, action_id=action.action_id)
+    return AmbiguousWrite(message, effect_key=key, action_id=action.action_id)

@@ -30,7 +30,6 @@ from .errors import (
     IdentityError,
     InvalidArgument,
     NotExecuted,
-    OutcomeUnrecorded,
     PolicyError,
 )
 from .identity import IdentityProvider
@@ -416,7 +415,7 @@ class Control:
             error = storable(str(exc) or describe(exc))
             try:
                 yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
-            except OutcomeUnrecorded as unrecorded:
+            except AmbiguousWrite as unrecorded:
                 exc.add_note(str(unrecorded))
             return
         try:
@@ -424,7 +423,7 @@ class Control:
                 attempt, EffectState.AMBIGUOUS, None, describe(exc), "raised " + type(exc).__name__,
                 reraise_store=isinstance(exc, Exception),
             )  # fmt: skip
-        except OutcomeUnrecorded as unrecorded:
+        except AmbiguousWrite as unrecorded:
             exc.add_note(str(unrecorded))  # the function's own exception goes on, with this
             return
         if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key:
@@ -435,7 +434,7 @@ class Control:
     def _finish(self, attempt: Attempt, outcome: EffectState, value: Any, error: str | None,
                 did: str, *, reraise_store: bool = True, ran: bool = True) -> Steps[Receipt | None]:  # fmt: skip
         """Write the outcome, its event and the receipt in one transaction (the store retries
-        it); a store that never takes it raises ``OutcomeUnrecorded`` once the function ``ran``."""
+        it); one it never confirms raises ``AmbiguousWrite`` saying that the function ``ran``."""
         event_type = {
             EffectState.COMMITTED: EventType.EXECUTION_COMMITTED,
             EffectState.FAILED: EventType.EXECUTION_FAILED,

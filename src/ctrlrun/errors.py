@@ -18,7 +18,6 @@ __all__ = [
     "DuplicateEffect",
     "AmbiguousEffect",
     "AmbiguousWrite",
-    "OutcomeUnrecorded",
     "NotExecuted",
     "Suspended",
     "IdentityError",
@@ -203,19 +202,23 @@ class AmbiguousEffect(CTRLRunError):
 
 
 class AmbiguousWrite(CTRLRunError):
-    """A store write's COMMIT went unanswered: whether the store kept it is unknown.
+    """A store write could not be confirmed: whether the store kept it is unknown after reading
+    it back (and, for an outcome, retrying it until a deadline). Not an ``AmbiguousEffect``.
 
-    Raised by a protected call when it happened before the function ran (the message says what
-    became of the reservation); after the function ran the call raises ``OutcomeUnrecorded``.
+    From a protected call's start the function was not run; from its outcome write the function
+    ran, and the message says so, names ``effect_key`` and the next step (``ctrlrun resolve``).
     """
 
-
-class OutcomeUnrecorded(AmbiguousEffect):
-    """The function ran, but the store could not take its outcome (retried until a deadline).
-
-    The key stays ``executing`` and lapses into ``ambiguous`` with its lease; the message names
-    the key and the next step (``ctrlrun resolve``). Never retry the call blindly.
-    """
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        effect_key: str | None = None,
+        action_id: str | None = None,
+    ) -> None:
+        self.effect_key = effect_key
+        self.action_id = action_id
+        super().__init__(message)
 
 
 class NotExecuted(CTRLRunError):
