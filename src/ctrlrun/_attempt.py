@@ -35,6 +35,7 @@ class Attempt:
     edited_from: str | None = None
     edit_diff: dict[str, Any] | None = None
     pending: list[Event] = field(default_factory=list)
+    reconciled: bool = False  # the reconcile hook runs at most once per call
 
     def __post_init__(self) -> None:
         self.started_at = self.now()
@@ -123,8 +124,15 @@ def fan_out(
 
 def describe(exc: BaseException) -> str:
     """``"<TypeName>: <message>"``, made storable (lone surrogates escaped)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return storable(f"{type(exc).__name__}: {message_of(exc)}")
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the exception's own ``__str__`` fails."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} whose message cannot be shown>"
 
 
 def storable(text: str) -> str:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-__all__ = ["Steps", "Work", "call", "drive", "drive_async", "run_function"]
+__all__ = ["Carried", "Steps", "Work", "call", "drive", "drive_async", "run_function", "unwrap"]
 
 T = TypeVar("T")
 
@@ -29,6 +29,24 @@ class Work:
 
 
 Steps = Generator[Work, Any, T]
+
+
+class Carried(Exception):
+    """A ``GeneratorExit`` raised by the work, carried into the pipeline as an ordinary error: a
+    generator thrown ``GeneratorExit`` itself may not go on to record what happened."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(repr(original))
+        self.original = original
+
+
+def _carry(exc: BaseException) -> BaseException:
+    return Carried(exc) if isinstance(exc, GeneratorExit) else exc
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The work's own exception, ``Carried`` or not."""
+    return exc.original if isinstance(exc, Carried) else exc
 
 
 def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Work:
@@ -54,7 +72,7 @@ def drive(steps: Steps[T]) -> T:
         try:
             value = work.fn(*work.args, **work.kwargs)
         except BaseException as exc:  # handed back to the pipeline, which decides
-            error = exc
+            error = _carry(exc)
 
 
 async def drive_async(steps: Steps[T]) -> T:
@@ -77,4 +95,4 @@ async def drive_async(steps: Steps[T]) -> T:
             else:
                 value = await asyncio.to_thread(work.fn, *work.args, **work.kwargs)
         except BaseException as exc:  # cancellation included: the pipeline records it, then re-raises
-            error = exc
+            error = _carry(exc)

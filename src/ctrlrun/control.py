@@ -10,10 +10,10 @@ from typing import Any, cast
 
 from . import _ambient
 from ._settings import Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
-from ._attempt import Attempt, describe, fan_out, storable
+from ._attempt import Attempt, describe, fan_out, message_of, storable
 from ._outcomes import lost_start, outcome_unrecorded
 from ._refusals import refuse_approval, refuse_denied_approval, refuse_reservation
-from ._steps import Steps, call, drive, drive_async, run_function
+from ._steps import Steps, call, drive, drive_async, run_function, unwrap
 from ._straight import Straight
 from ._time import Clock, format_ts, utc_now
 from .action import Action, Principal
@@ -241,6 +241,17 @@ class Control:
         attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
 
         # decide
+        expired = action.principal.expires_at
+        if expired is not None and self._clock() > expired:
+            attempt.decision, attempt.reason = str(Decision.DENY), "principal_expired"
+            attempt.event(EventType.ACTION_DENIED, reason="principal_expired")
+            yield from self._record(attempt, attempt.receipt("denied"))
+            raise ActionDenied(
+                f"action {action.name!r} denied: the principal {action.principal.agent!r} expired "
+                f"at {format_ts(expired)}; renew its credential before calling again",
+                reason="principal_expired",
+                action_id=action.action_id,
+            )
         if evaluation is None:
             evaluation = self._policy.evaluate(action)
         attempt.decision = str(evaluation.decision)
@@ -295,11 +306,12 @@ class Control:
                 f"effect key {effect_key!r} for action {action.name!r} is not usable: it must be "
                 "a non-empty string not starting with 'policy:' (reserved)"
             )
-        if preconditions is not None:
-            raise InvalidArgument(
-                f"preconditions= for action {action.name!r} is not enforced by this version of "
-                "ctrlrun; remove it"
-            )
+        for option, value in (("preconditions", preconditions), ("scope", scope)):
+            if value is not None:
+                raise InvalidArgument(
+                    f"{option}= for action {action.name!r} is not enforced by this version of "
+                    "ctrlrun; remove it rather than run without it"
+                )
         if reconcile_eagerly and reconcile is None:
             raise InvalidArgument(f"reconcile_eagerly=True for {action.name!r} needs reconcile=")
         lease = self._lease if lease is None else _positive(lease, "lease")
@@ -341,7 +353,6 @@ class Control:
     def _start(self, attempt: Attempt, options: _Options, approval_id: str | None) -> Steps[Any]:
         """Consume the approval and reserve the key in one store transaction; record refusals."""
         action = attempt.action
-        reconciled = False
         while True:
             def started(approval: Any, reservation: Any) -> list[Any]:
                 # the start's events; the store may ask again if it has to plan the start anew
@@ -384,8 +395,7 @@ class Control:
                 raise (yield from lost_start(self, attempt, lost)) from None
             except AmbiguousEffect as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                if options.reconcile is not None and not reconciled:
-                    reconciled = True
+                if options.reconcile is not None and not attempt.reconciled:
                     if (yield from self._reconcile(attempt, options, "blocking")) != "unknown":
                         continue  # resolved: reserve again (renewal, or a committed duplicate)
                 yield from refuse_reservation(self, attempt, refusal, state=None)
@@ -402,9 +412,12 @@ class Control:
         with _ambient.holding_effect(key, number):
             try:
                 value = yield run_function(executor)
-            except BaseException as exc:
+            except BaseException as caught:
+                exc = unwrap(caught)
                 yield from self._raised(attempt, options, exc)
-                raise
+                if exc is caught:
+                    raise
+                raise exc from None  # a GeneratorExit, carried in: the caller gets it back
         receipt = yield from self._finish(attempt, EffectState.COMMITTED, value, None, "returned")
         assert receipt is not None  # a refused outcome raised
         return value, receipt
@@ -412,7 +425,7 @@ class Control:
     def _raised(self, attempt: Attempt, options: _Options, exc: BaseException) -> Steps[None]:
         """Record what a function that raised leaves behind; the caller re-raises ``exc``."""
         if isinstance(exc, NotExecuted):
-            error = storable(str(exc) or describe(exc))
+            error = storable(message_of(exc) or describe(exc))
             try:
                 yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
             except AmbiguousWrite as unrecorded:
@@ -490,6 +503,9 @@ class Control:
     def _reconcile(self, attempt: Attempt, options: _Options, trigger: str) -> Steps[str]:
         """Ask the hook what became of an ambiguous effect; move the record if it knows."""
         key = options.effect_key
+        if attempt.reconciled:  # asked once already in this call: its answer stands
+            return "unknown"
+        attempt.reconciled = True
         attempt.event(EventType.RECONCILIATION_STARTED, effect_key=key, trigger=trigger)
         try:
             assert options.reconcile is not None

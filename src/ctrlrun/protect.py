@@ -307,11 +307,12 @@ def protect(
     for what, value in (("reconcile", reconcile), ("preconditions", preconditions), ("scope", scope)):
         if value is not None and not callable(value):
             raise InvalidArgument(f"@protect({name!r}): {what}= must be callable")
-    if preconditions is not None:
-        raise InvalidArgument(
-            f"@protect({name!r}): preconditions= is not enforced by this version of ctrlrun; "
-            "remove it rather than run without it"
-        )
+    for what, value in (("preconditions", preconditions), ("scope", scope)):
+        if value is not None:
+            raise InvalidArgument(
+                f"@protect({name!r}): {what}= is not enforced by this version of ctrlrun; "
+                "remove it rather than run without it"
+            )
     if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
         raise InvalidArgument(f"@protect({name!r}): lease= must be a positive timedelta")
     if not isinstance(reconcile_eagerly, bool):
