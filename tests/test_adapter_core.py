@@ -142,9 +142,12 @@ def test_grant_with_matching_arguments_commits_once(make, store):
     assert w.calls == [("inv-1", 5000)]
     (pending,) = w.interrupt.seen
     assert [str(e.type) for e in after_request(store)] == [
+        "APPROVAL_GRANTED",  # the answer's own event, written with the grant
         "ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
         "EXECUTION_STARTED", "EXECUTION_COMMITTED",
     ]  # fmt: skip
+    granted = after_request(store)[0]
+    assert granted.data == {"approver": "ada@example.com", "action_hash": pending.action_hash}
     consumed = next(e for e in store.events() if str(e.type) == "APPROVAL_CONSUMED")
     assert consumed.data["approver"] == "ada@example.com"
     reserved = next(e for e in store.events() if str(e.type) == "EFFECT_RESERVED")
@@ -164,9 +167,11 @@ def test_refusal_records_a_denial(make, store):
     assert refused.value.reason == "approval_denied"
     assert w.calls == []
     assert [str(e.type) for e in after_request(store)] == [
+        "APPROVAL_DENIED",  # the answer's own event, written with the denial
         "ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_DENIED", "ACTION_DENIED",
     ]  # fmt: skip
-    denied, action_denied = after_request(store)[2:]
+    assert after_request(store)[0].data == {"approver": "bob@example.com"}
+    denied, action_denied = after_request(store)[3:]
     assert denied.data["approver"] == "bob@example.com"
     assert action_denied.data["reason"] == "approval_denied"
     (receipt,) = store.receipts()
@@ -400,17 +405,23 @@ def test_wait_timeout_bounds_the_answer(store, clock):
         provider.wait(request.request_id, "soon")
 
 
-def test_provider_appends_no_event(store, clock):
+def test_provider_writes_the_answers_event_as_the_cli_does(store, clock):
     interrupt = FakeInterrupt(False, ApprovalAnswer(True, "ada"))
     provider = InterruptApprovalProvider(store, interrupt, clock=clock)
     request = _request(store, clock, provider)
     approval = provider.wait(request.request_id)
     assert approval.approver == "ada" and approval.action_hash == request.action_hash
-    assert store.events() == () and store.receipts() == ()
+    (granted,) = store.events()
+    assert (str(granted.type), granted.approval_id, granted.action_id) == (
+        "APPROVAL_GRANTED", request.request_id, request.action.action_id)
+    assert granted.data == {"approver": "ada", "action_hash": request.action_hash}
+    assert store.receipts() == ()
     other = _request(store, clock, provider)
     interrupt.answer = ApprovalAnswer(False, "bob")
     assert provider.wait(other.request_id) is None
-    assert store.events() == ()
+    denied = store.events()[-1]
+    assert (str(denied.type), denied.approval_id, denied.data) == (
+        "APPROVAL_DENIED", other.request_id, {"approver": "bob"})
 
 
 def test_grant_below_a_multi_approver_threshold_times_out(store, clock):

@@ -148,3 +148,39 @@ def test_the_reconcile_hook_runs_at_most_once_per_call(clock):
     assert store.get_effect("refund:o1").state is EffectState.AMBIGUOUS
     with pytest.raises(AmbiguousEffect):
         store.reserve_effect("refund:o1", "act_later")
+
+
+def test_every_answer_writes_its_event_in_its_own_transaction(store, clock):
+    from ctrlrun.answers import answer_events, resolve_events
+    from ctrlrun.approvals import ApprovalStatus
+
+    from .test_store_conformance import put_request
+
+    request = put_request(store, clock)
+
+    def broken(record: Any, now: Any) -> Any:
+        raise RuntimeError("the event could not be made")
+
+    with pytest.raises(RuntimeError):
+        store.grant_approval(request.request_id, "ada", events=broken)
+    assert store.get_approval(request.request_id).status is ApprovalStatus.PENDING  # nothing kept
+    assert store.events() == ()
+    store.grant_approval(request.request_id, "ada", events=answer_events("ada", via="test"))
+    (granted,) = store.events()
+    assert str(granted.type) == "APPROVAL_GRANTED"
+    assert granted.data == {"approver": "ada", "action_hash": request.action_hash, "via": "test"}
+
+    other = put_request(store, clock)
+    store.deny_approval(other.request_id, "bob", events=answer_events("bob"))
+    assert (str(store.events()[-1].type), store.events()[-1].data) == ("APPROVAL_DENIED", {"approver": "bob"})
+
+    store.reserve_effect("k", "act_1")
+    store.begin_execution("k", "act_1")
+    store.mark_ambiguous("k", "act_1", "lost")
+    with pytest.raises(RuntimeError):
+        store.resolve_effect("k", EffectState.COMMITTED, "cli:local", events=broken)
+    assert store.get_effect("k").state is EffectState.AMBIGUOUS
+    store.resolve_effect("k", EffectState.COMMITTED, "cli:local", events=resolve_events("cli:local", "human"))
+    resolved = store.events()[-1]
+    assert (str(resolved.type), resolved.effect_key, resolved.data) == (
+        "EFFECT_RESOLVED", "k", {"state": "committed", "resolver": "cli:local", "resolved_by": "human"})

@@ -26,6 +26,7 @@ from .approvals import (
     ApprovalStatus,
     build_request,
 )
+from .answers import answer_events
 from .effect import check_line_text
 from .errors import ApprovalMismatch, ApprovalTimeout, CTRLRunError, InvalidArgument
 from .policy import Decision, render_resource
@@ -341,17 +342,19 @@ class InterruptApprovalProvider:
                 "arrived; nothing was recorded and the request is still pending",
                 request_id=request_id,
             )
+        said = answer_events(answer.approver)  # the CLI's events, in the answer's transaction
         if not answer.granted:
-            self._store.deny_approval(request_id, answer.approver)
+            self._store.deny_approval(request_id, answer.approver, events=said)
             return None
         if edits is not None:
             from .edits import grant_with_edits
 
             approval, _ = grant_with_edits(
-                self._store, request_id, answer.approver, thaw(edits), policy=self._policy
-            )
+                self._store, request_id, answer.approver, thaw(edits), policy=self._policy,
+                events=said,
+            )  # fmt: skip
             return approval
-        approval = self._store.grant_approval(request_id, answer.approver)
+        approval = self._store.grant_approval(request_id, answer.approver, events=said)
         if approval is None:  # recorded, but below a multi-approver threshold
             raise ApprovalTimeout(
                 f"approval request {request_id} needs more approvers; the grant by "

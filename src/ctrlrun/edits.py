@@ -46,13 +46,15 @@ def edited_arguments(
 
 
 def grant_with_edits(
-    store: Any, request_id: str, approver: str, arguments: Mapping[str, Any], *, policy: Policy
+    store: Any, request_id: str, approver: str, arguments: Mapping[str, Any], *, policy: Policy,
+    events: Any = None,
 ) -> tuple[Approval, ApprovalRecord]:
     """Grant ``request_id`` for the same action with ``arguments`` instead, if the policy allows it.
 
     The edited action is re-evaluated: a ``deny`` refuses the edit (``ActionDenied`` naming the
     policy's reason; the request stays pending). Otherwise the human's approval is bound to the
-    edited action's hash; the original arguments can never run on it.
+    edited action's hash; the original arguments can never run on it. ``events`` are the
+    grant's (``ctrlrun.answers.answer_events``), written in its transaction.
     """
     record = store.get_approval(request_id)
     if record is None:
@@ -67,5 +69,5 @@ def grant_with_edits(
             reason=evaluation.reason,
             action_id=original.action_id,
         )
-    approval = store.grant_approval(request_id, approver, edited_action=edited)
+    approval = store.grant_approval(request_id, approver, edited_action=edited, events=events)
     return approval, store.get_approval(request_id)

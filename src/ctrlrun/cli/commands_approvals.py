@@ -14,7 +14,7 @@ from .._default import policy_path as settings_policy_path
 from ..edits import edited_arguments, grant_with_edits, parse_assignments
 from ..errors import ApprovalMismatch, CTRLRunError
 from ..policy import Policy
-from ..receipt import Event, EventType
+from ..answers import answer_events
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
 
@@ -35,20 +35,6 @@ def _refusal(request_id: str, before: ApprovalRecord | None, exc: ApprovalMismat
     return CTRLRunError(f"approval request {request_id} is already {exc.reason}; a request is answered once")
 
 
-def _record_event(store: Any, settings: Settings, record: ApprovalRecord | None, request_id: str,
-                  event_type: EventType, **data: Any) -> None:  # fmt: skip
-    """Append the operator's event; the answer itself is already stored."""
-    action_id = record.request.action.action_id if record is not None else None
-    event = Event(type=event_type, ts=format_ts(settings.clock()), action_id=action_id,
-                  approval_id=request_id, data=data)  # fmt: skip
-    try:
-        store.append_event(event)
-    except CTRLRunError as exc:
-        raise CTRLRunError(
-            f"the answer to {request_id} was recorded, but its {event_type.value} event was not: {exc}"
-        ) from None
-
-
 @click.command()
 @click.argument("request_id")
 @click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
@@ -67,7 +53,7 @@ def approve(settings: Settings, request_id: str, assignments: tuple[str, ...],
             _approve_with_edits(settings, store, request_id, before, assignments, arguments_json)
             return
         try:
-            approval = store.grant_approval(request_id, CLI_ANSWERER)
+            approval = store.grant_approval(request_id, CLI_ANSWERER, events=answer_events(CLI_ANSWERER))
         except ApprovalMismatch as exc:
             raise _refusal(request_id, before, exc) from None
         record = store.get_approval(request_id) or before
@@ -78,8 +64,6 @@ def approve(settings: Settings, request_id: str, assignments: tuple[str, ...],
             return
         say(f"granted {request_id} for {approval.action_hash}")
         say(f"expires {format_ts(approval.expires_at)}")
-        _record_event(store, settings, record, request_id, EventType.APPROVAL_GRANTED,
-                      approver=CLI_ANSWERER, action_hash=approval.action_hash)  # fmt: skip
 
 
 def _approve_with_edits(settings: Settings, store: Any, request_id: str,
@@ -97,7 +81,8 @@ def _approve_with_edits(settings: Settings, store: Any, request_id: str,
     arguments = edited_arguments(before, replace_all, parse_assignments(assignments))
     policy = Policy.from_file(settings_policy_path())
     try:
-        approval, record = grant_with_edits(store, request_id, CLI_ANSWERER, arguments, policy=policy)
+        approval, record = grant_with_edits(store, request_id, CLI_ANSWERER, arguments, policy=policy,
+                                            events=answer_events(CLI_ANSWERER))  # fmt: skip
     except ApprovalMismatch as exc:
         raise _refusal(request_id, before, exc) from None
     say(f"granted {request_id} with edits for {approval.action_hash}")
@@ -107,9 +92,6 @@ def _approve_with_edits(settings: Settings, store: Any, request_id: str,
         new = compact_json(change["to"]) if "to" in change else "(absent)"
         say(f"changed {name}: {old} → {new}")
     say(f"expires {format_ts(approval.expires_at)}")
-    _record_event(store, settings, record, request_id, EventType.APPROVAL_EDITED,
-                  approver=CLI_ANSWERER, action_hash=approval.action_hash,
-                  edited_from=approval.edited_from, edit_diff=approval.edit_diff)  # fmt: skip
 
 
 @click.command()
@@ -121,12 +103,10 @@ def deny(settings: Settings, request_id: str, store_url: str | None) -> None:
     with open_operator_store(settings, store_url) as store:
         before = store.get_approval(request_id)
         try:
-            store.deny_approval(request_id, CLI_ANSWERER)
+            store.deny_approval(request_id, CLI_ANSWERER, events=answer_events(CLI_ANSWERER))
         except ApprovalMismatch as exc:
             raise _refusal(request_id, before, exc) from None
         say(f"denied {request_id}")
-        _record_event(store, settings, store.get_approval(request_id) or before, request_id,
-                      EventType.APPROVAL_DENIED, approver=CLI_ANSWERER)  # fmt: skip
 
 
 def _pending_document(record: ApprovalRecord) -> dict[str, Any]:

@@ -9,7 +9,7 @@ import click
 from .._time import format_ts
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError, InvalidArgument
-from ..receipt import Event, EventType
+from ..answers import resolve_events
 from .commands_approvals import CLI_ANSWERER
 from .stores import Settings, open_operator_store, store_url_option
 from .text import say
@@ -31,7 +31,9 @@ def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
     state = EffectState.COMMITTED if committed else EffectState.FAILED
     with open_operator_store(settings, store_url) as store:
         try:
-            record = store.resolve_effect(effect_key, state, CLI_ANSWERER)
+            record = store.resolve_effect(
+                effect_key, state, CLI_ANSWERER, events=resolve_events(CLI_ANSWERER, "human")
+            )
         except InvalidArgument as exc:
             current = store.get_effect(effect_key)
             if current is None:
@@ -47,19 +49,6 @@ def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
         say(f"{effect_key} resolved {state} by {CLI_ANSWERER}")
         if state is EffectState.FAILED:
             say("a retry of this effect is now permitted")
-        event = Event(
-            type=EventType.EFFECT_RESOLVED,
-            ts=format_ts(settings.clock()),
-            action_id=record.action_id,
-            effect_key=effect_key,
-            data={"state": state.value, "resolver": CLI_ANSWERER, "resolved_by": "human"},
-        )
-        try:
-            store.append_event(event)
-        except CTRLRunError as exc:
-            raise CTRLRunError(
-                f"{effect_key} was resolved, but its EFFECT_RESOLVED event was not recorded: {exc}"
-            ) from None
 
 
 def _lease_lapsed(record: EffectRecord, now: datetime) -> bool:

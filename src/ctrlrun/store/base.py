@@ -8,7 +8,7 @@ store also has the rest of the store API (the single effect transitions, the app
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
 from ..action import Action
@@ -30,14 +30,16 @@ class StateStore(Protocol):
     ``resolve_effect``. The approval providers ask and answer with ``put_approval_request``,
     ``get_approval``, ``grant_approval`` and ``deny_approval``. The operator commands list
     (``pending_approvals``, ``list_effects``, ``receipts``, ``chain_head`` to verify the chain),
-    answer and resolve, record their act with ``append_event``, and ``close`` the store.
+    answer and resolve (each answer writing its event in its own transaction, ``events=``), and
+    ``close`` the store.
     """
 
     # effects
     def consume_approval(self, approval_id: str, action_hash: str) -> Approval: ...
 
     def resolve_effect(
-        self, effect_key: str, state: EffectState | str, resolver: str
+        self, effect_key: str, state: EffectState | str, resolver: str, *,
+        events: Callable[[EffectRecord, datetime], Sequence[Event]] | None = None,
     ) -> EffectRecord: ...
 
     def get_effect(self, effect_key: str) -> EffectRecord | None: ...
@@ -56,17 +58,17 @@ class StateStore(Protocol):
         *,
         verified: VerifiedApprover | None = None,
         edited_action: Action | None = None,
+        events: Callable[[ApprovalRecord, datetime], Sequence[Event]] | None = None,
     ) -> Approval | None: ...
 
     def deny_approval(
-        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None,
+        events: Callable[[ApprovalRecord, datetime], Sequence[Event]] | None = None,
     ) -> None: ...
 
     def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]: ...
 
     # evidence
-    def append_event(self, event: Event) -> Event: ...
-
     def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]: ...
 
     def chain_head(self) -> tuple[int, str] | None: ...

@@ -76,6 +76,7 @@ class StoreOps:
     single steps (``reserve_effect``, ``consume_approval_and_reserve``, ``begin_execution``,
     ``commit_effect``, ``fail_effect``, ``mark_ambiguous``, ``extend_lease``), the approval
     finders (``approvals_for``, ``find_granted_approval``, ``find_denied_request``), ``events``,
+    ``append_event``,
     ``put_receipt`` and ``transactions`` (write transactions so far).
     """
 
@@ -170,12 +171,19 @@ class StoreOps:
         )
 
     def resolve_effect(
-        self, effect_key: str, state: EffectState | str, resolver: str
+        self, effect_key: str, state: EffectState | str, resolver: str, *,
+        events: Callable[[EffectRecord, datetime], Sequence[Event]] | None = None,
     ) -> EffectRecord:
+        """Settle an ambiguous effect; ``events`` (``ctrlrun.answers.resolve_events``) are
+        written in the resolution's transaction."""
         check_line_text(resolver, "resolver")
-        return self._move(
-            effect_key, lambda r, now: check_resolve(r, effect_key, state, resolver, now)
-        )
+
+        def resolve(tx: Tx, now: datetime) -> EffectRecord:
+            record = _transition(tx, effect_key, lambda r: check_resolve(r, effect_key, state, resolver, now))
+            _answered(tx, events, record, now)
+            return record
+
+        return self._write(resolve)
 
     def extend_lease(self, effect_key: str, action_id: str, until: datetime) -> None:
         if not isinstance(until, datetime) or until.utcoffset() is None:
@@ -218,30 +226,37 @@ class StoreOps:
         *,
         verified: VerifiedApprover | None = None,
         edited_action: Action | None = None,
+        events: Callable[[ApprovalRecord, datetime], Sequence[Event]] | None = None,
     ) -> Approval | None:
-        """Grant a pending request; with ``edited_action`` the grant binds the edited action."""
+        """Grant a pending request; with ``edited_action`` the grant binds the edited action.
+        ``events`` (``ctrlrun.answers.answer_events``) are written in the grant's transaction."""
         _check_id(approval_id, "approval_id")
         check_line_text(approver, "approver")
-        record = self._write(
-            lambda tx, now: _answer(
-                tx,
-                approval_id,
-                now,
+
+        def grant(tx: Tx, now: datetime) -> ApprovalRecord:
+            record = _answer(
+                tx, approval_id, now,
                 lambda r: apply_grant(r, approver, now, verified, edited_action=edited_action),
-            )
-        )
+            )  # fmt: skip
+            _answered(tx, events, record, now)
+            return record
+
+        record = self._write(grant)
         return record.as_approval() if record.status is ApprovalStatus.GRANTED else None
 
     def deny_approval(
-        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None
+        self, approval_id: str, approver: str, *, verified: VerifiedApprover | None = None,
+        events: Callable[[ApprovalRecord, datetime], Sequence[Event]] | None = None,
     ) -> None:
+        """Deny a pending request; ``events`` are written in the denial's transaction."""
         _check_id(approval_id, "approval_id")
         check_line_text(approver, "approver")
-        self._write(
-            lambda tx, now: _answer(
-                tx, approval_id, now, lambda r: apply_deny(r, approver, now, verified)
-            )
-        )
+
+        def deny(tx: Tx, now: datetime) -> None:
+            record = _answer(tx, approval_id, now, lambda r: apply_deny(r, approver, now, verified))
+            _answered(tx, events, record, now)
+
+        self._write(deny)
 
     def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]:
         if limit is not None and (
@@ -413,3 +428,11 @@ def _append_one(event: Event) -> Callable[[Tx, datetime], Event]:
         return event_from_row(row, event_id)
 
     return append
+
+
+def _answered(tx: Tx, events: Callable[[Any, datetime], Sequence[Event]] | None, record: Any, now: datetime) -> None:
+    """Write an answer's events with it (nothing when the caller gave none)."""
+    if events is not None:
+        rows = event_rows(events(record, now))
+        if rows:
+            tx.insert_events(rows)
