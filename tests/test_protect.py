@@ -363,9 +363,9 @@ def test_expired_approval(control, store, clock):
 def test_refused_reservation_leaves_approval_unspent(control, store):
     calls = []
     refund = make_refund(control, calls)
+    required = request(refund)  # asked while refund:txn_2 was still free
     with context(agent="a"):
-        refund("txn_2", 100)  # commits refund:txn_2 on the allow band
-    required = request(refund)
+        refund("txn_2", 100)  # then committed on the allow band
     store.grant_approval(required.request_id, "cli:local")
     with context(agent="a"), with_approval(required.request_id), pytest.raises(DuplicateEffect):
         refund("txn_2", 200_000)
@@ -656,3 +656,23 @@ def test_identity_provider_decides(store, clock):
     refund = make_refund(control, [])
     refund("txn_1", 100)  # no context needed
     assert store.receipts()[0].principal["agent"] == "svc"
+
+
+@pytest.mark.parametrize("state", ["committed", "ambiguous", "in_progress"])
+def test_no_human_is_asked_about_a_call_whose_key_cannot_be_reserved(control, store, state):
+    refund = make_refund(control, [])
+    if state == "committed":
+        with context(agent="a"):
+            refund("txn_2", 100)
+    else:
+        store.reserve_effect("refund:txn_2", "act_other")
+        store.begin_execution("refund:txn_2", "act_other")
+        if state == "ambiguous":
+            store.mark_ambiguous("refund:txn_2", "act_other", "lost")
+    refused = AmbiguousEffect if state == "ambiguous" else DuplicateEffect
+    with context(agent="a"), pytest.raises(refused):
+        refund("txn_2", 200_000)  # would need approval: the key is judged first
+    assert store.pending_approvals() == ()  # nobody was asked
+    assert "APPROVAL_REQUESTED" not in [e.type for e in store.events()]
+    last = store.receipts()[-1]
+    assert (last.decision, last.result) == ("approve", "blocked")

@@ -3,8 +3,8 @@ and each namespace is deleted at most once.
 
     python main.py
 
-Runs unattended: on-call's answers come from a ScriptedApprovalProvider (grant, grant, deny,
-grant), the provider ctrlrun ships for tests and demos. With the default LocalApprovalProvider
+Runs unattended: on-call's answers come from a ScriptedApprovalProvider (grant, deny, grant),
+the provider ctrlrun ships for tests and demos. With the default LocalApprovalProvider
 the same code would wait for `ctrlrun approve <id>` at a terminal. Every run starts from a clean
 store in .ctrlrun/.
 """
@@ -52,7 +52,7 @@ class FakeCluster:
 def main() -> None:
     shutil.rmtree(STATE, ignore_errors=True)  # a clean slate on every run
     store = SQLiteStateStore(STATE / "state.db")
-    oncall = ScriptedApprovalProvider(store, ["grant", "grant", "deny", "grant"],
+    oncall = ScriptedApprovalProvider(store, ["grant", "deny", "grant"],
                                       approver="oncall@example.com")
     control = Control(Policy.from_file(HERE / "ctrlrun.yaml"), store, oncall,
                       sinks=[JSONLEventSink(STATE)])
@@ -77,7 +77,7 @@ def main() -> None:
 
     with ctrlrun.context(agent="deploy-agent"):
         delete("staging-eu", "preview-412")   # on-call grants: deleted
-        delete("staging-eu", "preview-412")   # the agent's plan ran twice; on-call grants again, still once
+        delete("staging-eu", "preview-412")   # the agent's plan ran twice: refused before on-call is asked
         delete("prod-eu", "payments")         # on-call denies
         delete("staging-us", "preview-412")   # same name, other cluster: another effect, granted
 

@@ -1,19 +1,21 @@
 """How a protected call records the refusals its start meets: a spent or wrong approval, a
-denied one, a key that is taken or ambiguous (each with its events and a receipt)."""
+denied one, a key that is taken or ambiguous (each with its events and a receipt), and the same
+refusals judged before a human is asked about a call that could not run."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._attempt import Attempt
-from ._steps import Steps
-from .errors import ActionDenied, ApprovalMismatch, CTRLRunError
+from ._steps import Steps, call
+from .effect import EffectState, plan_reservation
+from .errors import ActionDenied, AmbiguousEffect, ApprovalMismatch, CTRLRunError, DuplicateEffect
 from .receipt import EventType
 
 if TYPE_CHECKING:
     from .control import Control
 
-__all__ = ["refuse_approval", "refuse_denied_approval", "refuse_reservation"]
+__all__ = ["refuse_approval", "refuse_denied_approval", "refuse_reservation", "refuse_before_asking"]
 
 _APPROVAL_ERRORS = {
     "mismatch": "approval {id} is bound to another action (mismatch)",
@@ -75,3 +77,25 @@ def refuse_reservation(
         attempt.approver = yield from control._approver_of(attempt.approval_id)
     attempt.attempt = yield from control._attempt_number(key)
     yield from control._record(attempt, attempt.receipt("blocked", error))
+
+
+def refuse_before_asking(control: Control, attempt: Attempt, lease: Any) -> Steps[None]:
+    """Refuse, as the reservation would, a call whose key cannot be reserved now (committed,
+    ambiguous, held by a live attempt, or an execution whose lease lapsed), so that no human is
+    asked about it; nothing is written but the refusal's events and receipt."""
+    key = attempt.effect_key
+    if key is None:
+        return
+    record = yield call(control.store.get_effect, key)
+    plan = plan_reservation(record, key, attempt.action.action_id, lease, control.clock(),
+                            state=EffectState.EXECUTING)  # fmt: skip
+    if plan.kind not in ("refuse", "keep_then_refuse"):
+        return
+    refusal = plan.error
+    assert refusal is not None
+    if isinstance(refusal, DuplicateEffect):
+        yield from refuse_reservation(control, attempt, refusal, state=refusal.state)
+    else:
+        assert isinstance(refusal, AmbiguousEffect)
+        yield from refuse_reservation(control, attempt, refusal, state=None)
+    raise refusal

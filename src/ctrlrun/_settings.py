@@ -6,15 +6,29 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Generic, Literal, TypedDict, TypeVar, overload
 
 from .errors import InvalidArgument
 from .policy import Policy
 
-__all__ = ["Reconcile", "ReconcileOutcome"]
+__all__ = ["CallOptions", "ReadOnly", "Reconcile", "ReconcileOutcome"]
+
+T = TypeVar("T")
 
 ReconcileOutcome = Literal["committed", "not_executed", "unknown"]
 Reconcile = Callable[[str], ReconcileOutcome]
+
+
+class CallOptions(TypedDict, total=False):
+    """The keyword options of ``Control.run``, ``arun`` and ``pipeline`` (as ``execute`` names them)."""
+
+    lease: timedelta | None
+    reconcile: Reconcile | None
+    reconcile_eagerly: bool
+    preconditions: Any
+    task: str | None
+    hop: str | None
+    scope: Any
 
 
 @dataclass(frozen=True)
@@ -46,3 +60,26 @@ def _resolve_environment(argument: str | None, policy: Policy) -> str:
             )
         return value
     return policy.environment or "production"
+
+
+class ReadOnly(Generic[T]):
+    """A typed read-only attribute backed by a private one: ``policy = ReadOnly[Policy]("_policy")``."""
+
+    def __init__(self, attribute: str) -> None:
+        self._attribute = attribute
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> ReadOnly[T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> T: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> ReadOnly[T] | T:
+        if obj is None:
+            return self
+        value: T = getattr(obj, self._attribute)
+        return value
+
+    def __set__(self, obj: object, value: Any) -> None:
+        raise AttributeError(f"{type(obj).__name__}.{self._name} is read-only")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable, cast
 
+from ._settings import ReadOnly
 from ._time import utc_now
 from .action import Action, check_value, freeze, thaw
 from .approvals import (
@@ -266,9 +267,9 @@ class InterruptApprovalProvider:
         self._clock = clock
         self._policy = policy
 
-    store = property(lambda self: self._store)
-    interrupt = property(lambda self: self._interrupt)
-    clock = property(lambda self: self._clock)
+    store = ReadOnly[Any]("_store")
+    interrupt = ReadOnly[FrameworkInterrupt]("_interrupt")
+    clock = ReadOnly[Callable[[], datetime]]("_clock")
 
     @property
     def framework(self) -> str:

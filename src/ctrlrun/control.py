@@ -6,13 +6,13 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, Unpack, cast
 
 from . import _ambient
-from ._settings import Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
+from ._settings import CallOptions, ReadOnly, Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
 from ._attempt import Attempt, describe, fan_out, message_of, storable
 from ._outcomes import lost_start, outcome_unrecorded
-from ._refusals import refuse_approval, refuse_denied_approval, refuse_reservation
+from ._refusals import refuse_approval, refuse_before_asking, refuse_denied_approval, refuse_reservation
 from ._steps import Steps, call, drive, drive_async, run_function, unwrap
 from ._straight import Straight
 from ._time import Clock, format_ts, utc_now
@@ -113,19 +113,20 @@ class Control:
 
     # -- read-only properties ------------------------------------------------------------
 
-    policy = property(lambda self: self._policy)
-    store = property(lambda self: self._store)
-    approvals = property(lambda self: self._approvals)
-    sinks = property(lambda self: self._sinks)
-    lease = property(lambda self: self._lease)
-    identity = property(lambda self: self._identity)
-    environment = property(lambda self: self._environment)
-    clock = property(lambda self: self._clock)
-    policy_hash = property(lambda self: self._policy_hash)
-    approval_ttl = property(lambda self: self._approval_ttl)
-    authority = property(lambda self: None)
-    approver_identity = property(lambda self: None)
-    require_approved_policy = property(lambda self: False)
+    policy = ReadOnly[Policy]("_policy")
+    store = ReadOnly[StateStore]("_store")
+    approvals = ReadOnly[ApprovalProvider]("_approvals")
+    sinks = ReadOnly[tuple[EventSink, ...]]("_sinks")
+    lease = ReadOnly[timedelta]("_lease")
+    identity = ReadOnly[IdentityProvider | None]("_identity")
+    environment = ReadOnly[str]("_environment")
+    clock = ReadOnly[Clock]("_clock")
+    policy_hash = ReadOnly[str]("_policy_hash")
+    approval_ttl = ReadOnly[timedelta]("_approval_ttl")
+    authority = ReadOnly[None]("_unbuilt")  # the authority model (not built yet)
+    approver_identity = ReadOnly[None]("_unbuilt")
+    require_approved_policy = ReadOnly[bool]("_no")
+    _unbuilt, _no = None, False
 
     # -- public steps ----------------------------------------------------------------------
 
@@ -190,20 +191,20 @@ class Control:
         )[1]  # fmt: skip
 
     def run(
-        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Unpack[CallOptions]
     ) -> tuple[Any, Receipt]:
         """Like ``execute``, but returns the executor's value with the terminal receipt."""
         return drive(self.pipeline(action, executor, effect_key, **settings))
 
     async def arun(
-        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Unpack[CallOptions]
     ) -> tuple[Any, Receipt]:
         """``run`` for an event loop: ``executor()`` may return an awaitable; store work runs in a
         worker thread, so the loop never waits on a lock."""
         return await drive_async(self.pipeline(action, executor, effect_key, **settings))
 
     def straight(
-        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Any
+        self, action: Action, executor: Callable[[], Any], effect_key: str | None = None, **settings: Unpack[CallOptions]
     ) -> tuple[Any, Evaluation | None]:
         """Run an allowed call without the pipeline's steps: ``(value, None)``, or
         ``(GIVE_WAY, evaluation)`` when it must take the pipeline (``@protect`` then drives it)."""
@@ -225,7 +226,7 @@ class Control:
 
     def pipeline(
         self, action: Action, executor: Callable[[], Any], effect_key: str | None = None,
-        *, evaluation: Evaluation | None = None, **settings: Any,
+        *, evaluation: Evaluation | None = None, **settings: Unpack[CallOptions],
     ) -> Steps[tuple[Any, Receipt]]:  # fmt: skip
         """normalize → decide → approve → reserve → execute → resolve → record.
 
@@ -270,6 +271,7 @@ class Control:
         # approve
         consume = evaluation.decision is Decision.APPROVE
         if consume and approval_id is None:
+            yield from refuse_before_asking(self, attempt, options.lease)
             yield from self._request_approval(attempt)
 
         # reserve (the approval is spent in the same transaction)

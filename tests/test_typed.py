@@ -1,0 +1,32 @@
+"""The package is typed for its users: ``py.typed`` ships, properties are typed and read-only,
+and ``Control.run``/``arun``/``pipeline`` take the same typed options as ``execute``."""
+
+from __future__ import annotations
+
+import inspect
+from importlib.resources import files
+
+import pytest
+
+from ctrlrun import Control, InMemoryStateStore, Policy
+from ctrlrun._settings import CallOptions
+
+
+def test_py_typed_ships_with_the_package():
+    assert (files("ctrlrun") / "py.typed").is_file()
+
+
+def test_control_properties_are_read_only():
+    control = Control(Policy.from_yaml("schema: ctrlrun.policy/v2\nactions: {}\n"), InMemoryStateStore())
+    assert control.authority is None and control.require_approved_policy is False
+    assert isinstance(control.store, InMemoryStateStore)
+    with pytest.raises(AttributeError, match="read-only"):
+        control.store = InMemoryStateStore()  # type: ignore[misc]
+
+
+def test_run_takes_the_options_execute_names():
+    named = set(inspect.signature(Control.execute).parameters) - {"self", "action", "executor", "effect_key"}
+    assert named == set(CallOptions.__annotations__)
+    for method in (Control.run, Control.arun, Control.pipeline):
+        settings = inspect.signature(method).parameters["settings"]
+        assert "CallOptions" in str(settings.annotation)
