@@ -184,3 +184,36 @@ def test_every_answer_writes_its_event_in_its_own_transaction(store, clock):
     resolved = store.events()[-1]
     assert (str(resolved.type), resolved.effect_key, resolved.data) == (
         "EFFECT_RESOLVED", "k", {"state": "committed", "resolver": "cli:local", "resolved_by": "human"})
+
+
+def test_argument_limits_are_refused_by_name():
+    from ctrlrun.action import MAX_DEPTH
+
+    deep: Any = "leaf"
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    cases = [({"n": 10**5000}, "arguments.n is an int"), ({"d": deep}, "more than 64 deep"),
+             ({"d": {"x": deep}}, "more than 64 deep")]  # fmt: skip
+    for arguments, said in cases:
+        with pytest.raises(InvalidArgument, match=said):
+            Action("shop.refund", arguments, Principal("agent-1"))
+    near: Any = "leaf"
+    for _ in range(MAX_DEPTH):
+        near = [near]
+    assert Action("shop.refund", {"n": 10**3800, "d": near}, Principal("agent-1")).action_hash
+
+
+def test_an_empty_state_file_is_refused_not_taken_as_a_new_store(tmp_path, clock, monkeypatch):
+    from ctrlrun.store import SQLiteStateStore, sqlite
+
+    monkeypatch.setattr(sqlite, "_EMPTY_WAIT", 0.0)  # no other process is creating it
+
+    path = tmp_path / "state.db"
+    path.write_bytes(b"")
+    with pytest.raises(InvalidArgument, match="empty file, not a ctrlrun store") as info:
+        SQLiteStateStore(path, clock=clock)
+    assert "remembers none" in str(info.value) and path.stat().st_size == 0  # left as it was
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(InvalidArgument, match="not a SQLite database") as info:
+        SQLiteStateStore(path, clock=clock)
+    assert "new path" not in str(info.value) or "remembers none" in str(info.value)

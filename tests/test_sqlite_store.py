@@ -120,9 +120,12 @@ def test_migrate_false_never_creates(tmp_path, clock):
     assert not missing.parent.exists()
 
 
-def test_migrate_false_refuses_unmigrated_file(db, clock):
-    db.write_bytes(b"")  # an empty file is an empty SQLite database
-    with pytest.raises(InvalidArgument, match=f"not at {HEAD}"):
+def test_migrate_false_refuses_unmigrated_file(db, clock, monkeypatch):
+    from ctrlrun.store import sqlite
+
+    monkeypatch.setattr(sqlite, "_EMPTY_WAIT", 0.0)
+    db.write_bytes(b"")  # an empty file: never taken for a store, new or not
+    with pytest.raises(InvalidArgument, match="empty file, not a ctrlrun store"):
         SQLiteStateStore(db, clock=clock, migrate=False)
     assert db.read_bytes() == b"" and sorted(os.listdir(db.parent)) == ["state.db"]
 

@@ -57,25 +57,35 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _surely_valid(value: Any) -> bool:
+MAX_DEPTH = 64
+"""Lists and mappings nest at most this deep inside an action's arguments."""
+MAX_INT_BITS = 13_000
+"""An int argument's magnitude is below ``2**13000`` (about 3,900 decimal digits)."""
+
+
+def _surely_valid(value: Any, depth: int = 0) -> bool:
     """True when ``_check_value`` passes ``value`` for sure: exact ``dict``/``list``/``tuple``/
-    ``str``/``int``/``bool``/``None`` all the way down, every string UTF-8. False leaves the
-    verdict (and the path it names) to ``_check_value``."""
+    ``str``/``int``/``bool``/``None`` all the way down, every string UTF-8, within the limits.
+    False leaves the verdict (and the path it names) to ``_check_value``."""
     kind = type(value)
     if kind is str:
         return value.isascii() or _utf8(value)
-    if kind is int or kind is bool or value is None:
+    if kind is int:
+        return bool(value.bit_length() <= MAX_INT_BITS)
+    if kind is bool or value is None:
         return True
+    if depth > MAX_DEPTH:
+        return False
     if kind is dict or kind is MappingProxyType:
         for key, item in value.items():
             if type(key) is not str or not (key.isascii() or _utf8(key)):
                 return False
-            if not _surely_valid(item):
+            if not _surely_valid(item, depth + 1):
                 return False
         return True
     if kind is list or kind is tuple:
         for item in value:
-            if not _surely_valid(item):
+            if not _surely_valid(item, depth + 1):
                 return False
         return True
     return False
@@ -87,8 +97,15 @@ def check_value(value: Any, path: str) -> None:
         _check_value(value, path)
 
 
-def _check_value(value: Any, path: str) -> None:
-    if value is None or isinstance(value, (bool, int)):
+def _check_value(value: Any, path: str, depth: int = 0) -> None:
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise InvalidArgument(
+                f"{path} is an int of {value.bit_length():,} bits; an action carries ints below "
+                f"2**{MAX_INT_BITS} (about 3,900 digits): pass a larger number as a string"
+            )
         return
     if isinstance(value, str):
         try:
@@ -101,18 +118,24 @@ def _check_value(value: Any, path: str) -> None:
         return
     if isinstance(value, float):
         raise InvalidArgument(f"{path} is a float ({value!r}); {_FLOAT_FIX}")
+    if isinstance(value, (Mapping, list, tuple)) and depth > MAX_DEPTH:
+        where = path if len(path) <= 80 else path[:60] + "…"
+        raise InvalidArgument(
+            f"{where} nests lists and mappings more than {MAX_DEPTH} deep; flatten it (or pass "
+            "the deep part as a JSON string)"
+        )
     if isinstance(value, Mapping):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise InvalidArgument(
                     f"{path} has a {type(key).__name__} key {key!r}; mapping keys must be str"
                 )
-            _check_value(key, f"{path} key {key!r}")
-            _check_value(item, f"{path}.{key}")
+            _check_value(key, f"{path} key {key!r}", depth)
+            _check_value(item, f"{path}.{key}", depth + 1)
         return
     if isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            _check_value(item, f"{path}[{index}]")
+            _check_value(item, f"{path}[{index}]", depth + 1)
         return
     raise InvalidArgument(
         f"{path} is a {type(value).__name__}, which an action cannot carry; "
@@ -305,7 +328,10 @@ def _flat_ascii(arguments: dict[Any, Any]) -> bool:
         if kind is str:
             if not value.isascii():
                 return False
-        elif kind is not int and kind is not bool and value is not None:
+        elif kind is int:
+            if value.bit_length() > MAX_INT_BITS:
+                return False
+        elif kind is not bool and value is not None:
             return False
     return True
 

@@ -43,6 +43,38 @@ def _file_path(path: Any) -> Path:
     return Path(raw).expanduser().absolute()
 
 
+def _is_empty(path: Path) -> bool:
+    try:
+        if path.stat().st_size != 0:
+            return False
+        wal = path.with_name(path.name + "-wal")
+        return not (wal.exists() and wal.stat().st_size > 0)
+    except OSError:  # absent (a new store) or unreadable (opening it says why)
+        return False
+
+
+def _refuse_empty(path: Path) -> None:
+    """An existing empty file is not a new store: once opened, a store always holds its schema,
+    so an empty one was truncated or badly copied, and taking it as new would forget every
+    effect it recorded. (Another process creating the store leaves it empty for a moment: that
+    is waited for, within the busy budget.)"""
+    deadline = time.monotonic() + _EMPTY_WAIT
+    while _is_empty(path):
+        if time.monotonic() >= deadline:
+            raise InvalidArgument(
+                f"{path} is an empty file, not a ctrlrun store: a store that was ever written "
+                "holds its schema, so this one was truncated, copied badly, or its creation "
+                "crashed. Restore it from a backup if it held a store: its committed effects are "
+                "what stop a second execution. To start over on purpose, delete the file; the "
+                "new store remembers none of the old one's effects, approvals or receipts, so "
+                "every effect key can run again"
+            )
+        time.sleep(0.02)
+
+
+_EMPTY_WAIT = _BUSY_SECONDS
+
+
 class SQLiteStateStore(SQLStateStore):
     """The store in one SQLite file: WAL, ``BEGIN IMMEDIATE`` around every decide-and-write.
 
@@ -62,6 +94,7 @@ class SQLiteStateStore(SQLStateStore):
         migrate: bool = True,
     ) -> None:
         self._path = _file_path(path)
+        _refuse_empty(self._path)
         if durability not in _SYNCHRONOUS:
             raise InvalidArgument(f"durability must be 'full' or 'normal', got {durability!r}")
         if sqlite3.sqlite_version_info < _MIN_SQLITE:
@@ -120,8 +153,9 @@ class SQLiteStateStore(SQLStateStore):
             )
         if "not a database" in lower or "malformed" in lower or "encrypted" in lower:
             return InvalidArgument(
-                f"{self._path} is not a SQLite database ({message}); point ctrlrun at its "
-                "state file or at a new path"
+                f"{self._path} is not a SQLite database ({message}); restore the store from a "
+                "backup, or point ctrlrun at the right state file. A new path starts an empty "
+                "store that remembers none of this one's effects, so every key could run again"
             )
         if "unable to open" in lower or "readonly" in lower or "read-only" in lower:
             return InvalidArgument(
