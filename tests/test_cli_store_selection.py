@@ -166,10 +166,13 @@ def test_an_unmigrated_database_is_neither_created_nor_upgraded(workdir, command
     assert sql(empty, "SELECT name FROM sqlite_master WHERE type='table'") == [("unrelated",)]
 
 
-def test_an_empty_file_is_not_migrated(workdir):
+def test_an_empty_file_is_not_migrated(workdir, monkeypatch):
+    from ctrlrun.store import sqlite
+
+    monkeypatch.setattr(sqlite, "_EMPTY_WAIT", 0.0)  # no other process is creating it
     (workdir / "zero.db").write_bytes(b"")
     result = invoke(["pending", "--store-url", "sqlite://zero.db"])
-    assert result.code == 1 and "never creates or upgrades" in result.err
+    assert result.code == 1 and "empty file, not a ctrlrun store" in result.err
     assert (workdir / "zero.db").read_bytes() == b""
 
 
