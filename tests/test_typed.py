@@ -30,3 +30,28 @@ def test_run_takes_the_options_execute_names():
     for method in (Control.run, Control.arun, Control.pipeline):
         settings = inspect.signature(method).parameters["settings"]
         assert "CallOptions" in str(settings.annotation)
+
+
+def test_receipt_result_and_decision_are_their_enums_and_the_json_is_unchanged():
+    import json
+
+    from ctrlrun import context, protect
+    from ctrlrun.policy import Decision
+    from ctrlrun.receipt import Receipt, ReceiptResult
+
+    policy = Policy.from_yaml(
+        "schema: ctrlrun.policy/v2\nactions:\n  a.b:\n    effect: \"k:{x}\"\n    decision: allow\n"
+    )
+    store = InMemoryStateStore()
+    run = protect("a.b", control=Control(policy, store))(lambda x: x)
+    with context(agent="agent-1"):
+        run(x="1")
+    (receipt,) = store.receipts()
+    assert type(receipt.result) is ReceiptResult and receipt.result is ReceiptResult.COMMITTED
+    assert type(receipt.decision) is Decision and receipt.decision == "allow"
+    document = json.loads(receipt.to_json())
+    assert document["result"] == "committed" and type(document["result"]) is str
+    again = Receipt.from_json(receipt.to_json(), hash=receipt.hash)
+    assert again.chain_hash() == receipt.hash
+    odd = Receipt.from_dict({**document, "result": "edited-by-hand"})
+    assert odd.result == "edited-by-hand"  # kept as read: the chain check reports it

@@ -12,6 +12,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from .policy.model import Decision
 from .action import _CANONICAL_JSON, _plain_checked, _Unplain, canonical_bytes, sha256_hex
 
 __all__ = [
@@ -154,13 +155,13 @@ class Receipt:
     resource: str | None
     arguments: Mapping[str, Any]
     environment: str
-    decision: str
+    decision: Decision | str
     decision_reason: str
     approval_id: str | None
     approver: str | None
     effect_key: str | None
     attempt: int
-    result: str
+    result: ReceiptResult | str
     execution: str | None
     would_have: Mapping[str, Any] | None
     error: str | None
@@ -185,6 +186,17 @@ class Receipt:
     hash: str | None = field(default=None, compare=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     stored_seq: int | None = field(default=_NOT_STORED, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # result and decision as the enums they are; a value outside them (a store edited by
+        # hand) is kept as read, for the chain check to report
+        for name, kind in (("result", ReceiptResult), ("decision", Decision)):
+            value = self.__dict__[name]
+            if type(value) is str:
+                try:
+                    object.__setattr__(self, name, kind(value))
+                except ValueError:
+                    pass
 
     def to_dict(self) -> dict[str, Any]:
         """The document in table order (the stored hash is never part of it)."""
@@ -300,11 +312,11 @@ _body_values = attrgetter(*_BODY_KEYS)
 _BODY_KEYS_V7 = _DOCUMENT_KEYS[1:34]
 _body_values_v7 = attrgetter(*_BODY_KEYS_V7)
 _LIST_KEYS = frozenset(("controls", "approvers", "budget_charges"))
-_ATOMS = frozenset((str, int, bool, type(None)))  # exact types: never a Mapping
+_ATOMS = frozenset((str, int, bool, type(None), ReceiptResult, Decision))  # exact types: never a Mapping
 _FIELD_NAMES = tuple(f.name for f in fields(Receipt))
 _FIELD_SET = frozenset(_FIELD_NAMES)
 _field_values = attrgetter(*_FIELD_NAMES)
-assert not any(f.init is False for f in fields(Receipt)) and not hasattr(Receipt, "__post_init__")
+assert not any(f.init is False for f in fields(Receipt))
 
 
 class _Float(Exception):
@@ -366,8 +378,8 @@ def _canonical(document: dict[str, Any], unchecked: list[Any]) -> bytes:
 
 def _copy(receipt: Receipt, **changes: Any) -> Receipt:
     """``dataclasses.replace(receipt, **changes)`` without the per-call field introspection:
-    every field is an init field and ``Receipt`` has no ``__post_init__``, so copying its
-    attributes is what ``replace`` does."""
+    every field is an init field and ``__post_init__`` only types ``result`` and ``decision``,
+    so copying the attributes (and typing those two when changed) is what ``replace`` does."""
     for name in changes:
         if name not in _FIELD_SET:
             raise TypeError(f"Receipt has no field {name!r}")
@@ -376,6 +388,8 @@ def _copy(receipt: Receipt, **changes: Any) -> Receipt:
     values.update(receipt.__dict__)
     values.pop("_json", None)  # the line written for the original, if any
     values.update(changes)
+    if "result" in changes or "decision" in changes:
+        new.__post_init__()
     return new
 
 
