@@ -55,3 +55,36 @@ def test_receipt_result_and_decision_are_their_enums_and_the_json_is_unchanged()
     assert again.chain_hash() == receipt.hash
     odd = Receipt.from_dict({**document, "result": "edited-by-hand"})
     assert odd.result == "edited-by-hand"  # kept as read: the chain check reports it
+
+
+def test_the_errors_form_one_tree_a_caller_can_act_on():
+    import ctrlrun.errors as errors
+
+    refusals = ["ActionDenied", "AuthorityDenied", "ApprovalRequired", "ApprovalTimeout",
+                "ApprovalMismatch", "DuplicateEffect", "AmbiguousEffect", "AuthorityEscalation",
+                "IdentityError"]  # fmt: skip
+    usage = ["InvalidArgument", "PolicyError", "EffectKeyError", "MissingDependency"]
+    store = ["StoreUnavailable", "AmbiguousWrite", "SchemaMismatch"]
+    for names, kind in ((refusals, errors.Refusal), (usage, errors.UsageError), (store, errors.StoreError)):
+        for name in names:
+            assert issubclass(getattr(errors, name), kind), name
+    assert not issubclass(errors.AmbiguousWrite, errors.AmbiguousEffect)
+    assert issubclass(errors.InvalidArgument, ValueError) and issubclass(errors.MissingDependency, ImportError)
+    kinds = (errors.Refusal, errors.UsageError, errors.StoreError, errors.NotExecuted, errors.Suspended)
+    for name in errors.__all__:
+        error = getattr(errors, name)
+        assert error is errors.CTRLRunError or issubclass(error, errors.CTRLRunError)
+        if error not in (errors.CTRLRunError, *kinds):
+            assert issubclass(error, kinds), f"{name} belongs to no kind"
+
+
+def test_a_busy_sqlite_store_is_store_unavailable(tmp_path):
+    import sqlite3
+
+    from ctrlrun.errors import StoreUnavailable
+    from ctrlrun.store import SQLiteStateStore
+
+    store = SQLiteStateStore(tmp_path / "state.db")
+    error = store._driver_error(sqlite3.OperationalError("database is locked"), "writing")
+    assert type(error) is StoreUnavailable and "busy" in str(error)
+    store.close()

@@ -1,4 +1,24 @@
-"""The exception hierarchy: every refusal ctrlrun makes is a ``CTRLRunError``."""
+"""The exception hierarchy: every error ctrlrun raises on purpose is a ``CTRLRunError``.
+
+Three kinds a caller acts on differently, and the executor's own signals::
+
+    CTRLRunError
+    ├── Refusal              the call may not run (now): nothing of it ran
+    │   ├── ActionDenied ── AuthorityDenied
+    │   ├── ApprovalRequired, ApprovalTimeout, ApprovalMismatch
+    │   ├── DuplicateEffect, AmbiguousEffect
+    │   ├── AuthorityEscalation
+    │   └── IdentityError
+    ├── UsageError           the code or its configuration is wrong: fix it, then call again
+    │   ├── InvalidArgument (also a ValueError), PolicyError, EffectKeyError
+    │   └── MissingDependency (also an ImportError)
+    ├── StoreError           the store failed: the message says what it kept
+    │   ├── StoreUnavailable     unreachable, busy, timed out or rolled back: nothing was kept
+    │   ├── AmbiguousWrite       a write could not be confirmed (after read-back and retries)
+    │   └── SchemaMismatch       the store's schema is not one this build knows
+    ├── NotExecuted          raised by a protected function: the remote provably did nothing
+    └── Suspended            raised by a protected function to hold its effect (not built yet)
+"""
 
 from __future__ import annotations
 
@@ -6,6 +26,10 @@ from typing import Any
 
 __all__ = [
     "CTRLRunError",
+    "Refusal",
+    "UsageError",
+    "StoreError",
+    "StoreUnavailable",
     "InvalidArgument",
     "PolicyError",
     "EffectKeyError",
@@ -40,19 +64,36 @@ class CTRLRunError(Exception):
         return str(self.args[0]) if self.args else ""
 
 
-class InvalidArgument(CTRLRunError, ValueError):
+class Refusal(CTRLRunError):
+    """The call may not run, or not yet; nothing of it ran (the subclass says why)."""
+
+
+class UsageError(CTRLRunError):
+    """The calling code or its configuration is wrong; the message names the fix."""
+
+
+class StoreError(CTRLRunError):
+    """The store failed; the message says what it kept and what to do."""
+
+
+class StoreUnavailable(StoreError):
+    """The store could not take this write or read (unreachable, busy, a timeout, rolled back
+    by the server): nothing of it was kept, so doing it again is safe."""
+
+
+class InvalidArgument(UsageError, ValueError):
     """A value or wiring that ctrlrun cannot accept (the message names it and the fix)."""
 
 
-class PolicyError(CTRLRunError):
+class PolicyError(UsageError):
     """A policy file is missing, unreadable or malformed."""
 
 
-class EffectKeyError(CTRLRunError):
+class EffectKeyError(UsageError):
     """The effect-key template cannot be rendered from this call's arguments."""
 
 
-class ActionDenied(CTRLRunError):
+class ActionDenied(Refusal):
     """The action may not run; ``reason`` says why (``rule[1]``, ``unknown_action``, ...)."""
 
     def __init__(
@@ -85,7 +126,7 @@ class AuthorityDenied(ActionDenied):
         super().__init__(message, reason=reason, action_id=action_id)
 
 
-class AuthorityEscalation(CTRLRunError):
+class AuthorityEscalation(Refusal):
     """A delegation tried to widen its parent grant."""
 
     def __init__(
@@ -105,7 +146,7 @@ class AuthorityEscalation(CTRLRunError):
         return f"delegation refused: {self.reason}"
 
 
-class ApprovalRequired(CTRLRunError):
+class ApprovalRequired(Refusal):
     """The policy wants a human: approve ``request_id``, then present it with ``with_approval``."""
 
     def __init__(
@@ -129,7 +170,7 @@ class ApprovalRequired(CTRLRunError):
         )
 
 
-class ApprovalTimeout(CTRLRunError):
+class ApprovalTimeout(Refusal):
     """Nobody answered the approval request before its deadline."""
 
     def __init__(self, message: str | None = None, *, request_id: str) -> None:
@@ -140,7 +181,7 @@ class ApprovalTimeout(CTRLRunError):
         return f"approval request {self.request_id} was not answered in time"
 
 
-class ApprovalMismatch(CTRLRunError):
+class ApprovalMismatch(Refusal):
     """A presented (or answered) approval does not authorize this exact action.
 
     With ``reason="edited"`` the human approved other arguments: ``approved_arguments`` holds
@@ -164,7 +205,7 @@ class ApprovalMismatch(CTRLRunError):
         return f"approval {self.approval_id or '?'} refused: {self.reason}"
 
 
-class DuplicateEffect(CTRLRunError):
+class DuplicateEffect(Refusal):
     """The effect key is already committed, or held by a live reservation (``in_progress``)."""
 
     def __init__(
@@ -180,7 +221,7 @@ class DuplicateEffect(CTRLRunError):
         return f"effect {self.effect_key!r} is held by another attempt ({self.state})"
 
 
-class AmbiguousEffect(CTRLRunError):
+class AmbiguousEffect(Refusal):
     """The effect's outcome is unknown; a retry is refused until it is resolved."""
 
     def __init__(
@@ -201,7 +242,7 @@ class AmbiguousEffect(CTRLRunError):
         )
 
 
-class AmbiguousWrite(CTRLRunError):
+class AmbiguousWrite(StoreError):
     """A store write could not be confirmed: whether the store kept it is unknown after reading
     it back (and, for an outcome, retrying it until a deadline). Not an ``AmbiguousEffect``.
 
@@ -233,11 +274,11 @@ class Suspended(CTRLRunError):
         super().__init__(message)
 
 
-class IdentityError(CTRLRunError):
+class IdentityError(Refusal):
     """A credential was offered and rejected, or the principal expired."""
 
 
-class SchemaMismatch(CTRLRunError):
+class SchemaMismatch(StoreError):
     """The store's schema is not one this build knows."""
 
     def __init__(
@@ -260,7 +301,7 @@ class SchemaMismatch(CTRLRunError):
         )
 
 
-class MissingDependency(CTRLRunError, ImportError):
+class MissingDependency(UsageError, ImportError):
     """An optional extra is not installed."""
 
     def __init__(self, message: str | None = None, *, module: str, extra: str) -> None:

@@ -31,7 +31,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._time import utc_now
-from ..errors import CTRLRunError, InvalidArgument, MissingDependency, SchemaMismatch
+from ..errors import (
+    CTRLRunError,
+    InvalidArgument,
+    MissingDependency,
+    SchemaMismatch,
+    StoreError,
+    StoreUnavailable,
+)
 from .schema import (
     HEAD,
     MIGRATIONS,
@@ -229,15 +236,17 @@ class PostgresStateStore(SQLStateStore):
                 f"GRANT USAGE, CREATE ON SCHEMA {self._schema} and rights on its tables"
             )
         if state in _NOTHING_COMMITTED:
-            return CTRLRunError(
+            return StoreUnavailable(
                 f"{where} rolled the write back ({message}) while {doing}; nothing was "
                 "written: retry"
             )
         original = getattr(exc, "orig", None) or exc
         lost = type(original).__name__ in ("OperationalError", "InterfaceError")
         if state.startswith(("08", "57P")) or (lost and not state):
-            return CTRLRunError(f"cannot reach {where} while {doing}: {message}")
-        return CTRLRunError(f"{where} failed while {doing}: {message}")
+            return StoreUnavailable(f"cannot reach {where} while {doing}: {message}")
+        if self._transient(exc):
+            return StoreUnavailable(f"{where} could not take this while {doing}: {message}")
+        return StoreError(f"{where} failed while {doing}: {message}")
 
     def _commit_error(self, exc: BaseException) -> CTRLRunError:
         if _sqlstate(exc) in _NOTHING_COMMITTED:

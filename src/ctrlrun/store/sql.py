@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine, event
 from sqlalchemy.exc import SQLAlchemyError
 
-from ..errors import AmbiguousWrite, CTRLRunError
+from ..errors import AmbiguousWrite, CTRLRunError, StoreError, StoreUnavailable
 from .ops import StoreOps
 from .rows import KeptWrite, Tx
 from .sqltx import SQLTx
@@ -180,7 +180,9 @@ class SQLStateStore(StoreOps):
         return False
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
-        return CTRLRunError(f"the store failed while {doing}: {exc}")
+        if self._transient(exc):
+            return StoreUnavailable(f"the store could not be used while {doing} ({exc}); nothing of this write was kept")
+        return StoreError(f"the store failed while {doing}: {exc}")
 
     def _commit_error(self, exc: BaseException) -> CTRLRunError:
         return AmbiguousWrite(

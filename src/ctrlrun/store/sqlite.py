@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from .._time import utc_now
-from ..errors import CTRLRunError, InvalidArgument, SchemaMismatch
+from ..errors import CTRLRunError, InvalidArgument, SchemaMismatch, StoreError, StoreUnavailable
 from .schema import HEAD, MIGRATIONS, apply_migrations, classify, read_schema, running_version
 from .sql import SQLStateStore
 
@@ -146,7 +146,7 @@ class SQLiteStateStore(SQLStateStore):
         message = str(getattr(exc, "orig", None) or exc)
         lower = message.lower()
         if "locked" in lower or "busy" in lower:
-            return CTRLRunError(
+            return StoreUnavailable(
                 f"the SQLite store {self._path} is busy: another connection held its write lock "
                 f"for more than {_BUSY_SECONDS:g} s while {doing} ({message}); this write was "
                 "not kept"
@@ -166,7 +166,12 @@ class SQLiteStateStore(SQLStateStore):
             return InvalidArgument(f"the SQLite store {self._path} refused a row: {message}")
         if isinstance(exc, UnicodeError):
             return InvalidArgument(f"a value cannot be stored as UTF-8 text: {message}")
-        return CTRLRunError(f"the SQLite store {self._path} failed while {doing}: {message}")
+        if self._transient(exc):  # an I/O error, a full disk, a lock: the file may take it later
+            return StoreUnavailable(
+                f"the SQLite store {self._path} failed while {doing} ({message}); this write was "
+                "not kept"
+            )
+        return StoreError(f"the SQLite store {self._path} failed while {doing}: {message}")
 
     # -- opening: classify the schema, then migrate (or refuse)
 
@@ -209,7 +214,7 @@ class SQLiteStateStore(SQLStateStore):
                 if str(mode).lower() == "wal":
                     return
                 if time.monotonic() > deadline:
-                    raise CTRLRunError(
+                    raise StoreUnavailable(
                         f"the SQLite store {self._path} could not switch to WAL mode within "
                         f"{_BUSY_SECONDS:g} s (it reads {mode!r}); retry later"
                     )

@@ -21,6 +21,7 @@ from ..effect import (
     plan_reservation,
 )
 from ..errors import (
+    StoreUnavailable,
     AmbiguousEffect,
     ApprovalMismatch,
     CTRLRunError,
@@ -188,7 +189,7 @@ def _answer(
         updated = apply(record)
         if tx.update_approval(record, updated):
             return updated
-    raise CTRLRunError(f"approval {approval_id} is contended; try again")
+    raise StoreUnavailable(f"approval {approval_id} is contended; nothing was written: try again")
 
 
 def _start(
