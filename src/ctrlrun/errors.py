@@ -23,6 +23,7 @@ __all__ = [
     "IdentityError",
     "SchemaMismatch",
     "MissingDependency",
+    "ClockSkew",
 ]
 
 
@@ -254,3 +255,31 @@ class MissingDependency(CTRLRunError, ImportError):
 
     def _default_message(self) -> str:
         return f"{self.module} is not installed; pip install 'ctrlrun[{self.extra}]'"
+
+
+class ClockSkew(CTRLRunError):
+    """This host's clock and the store server's disagree by more than the store allows, so it
+    refuses the writes that judge time (leases, approval expiry) until they agree again."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        host: str | None = None,
+        server: str | None = None,
+        skew: float | None = None,
+        limit: float | None = None,
+    ) -> None:
+        self.host = host
+        self.server = server
+        self.skew = skew
+        self.limit = limit
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return (
+            f"the clock of host {self.host or '?'} is {self.skew or 0:.1f} s off the clock of "
+            f"the store server {self.server or '?'} (at most {self.limit or 0:g} s allowed), so "
+            "leases and approval expiry cannot be judged: synchronise this host's clock (NTP), "
+            "or raise max_clock_skew"
+        )
