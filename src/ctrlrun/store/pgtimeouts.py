@@ -15,11 +15,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from ..errors import InvalidArgument
 
-__all__ = ["PostgresTimeouts", "connect_parameters", "take_url_settings"]
+__all__ = ["PostgresTimeouts", "connect_parameters", "take_query", "take_url_settings"]
 
 # the server settings, by field
 _SERVER = {
@@ -134,29 +134,38 @@ def _flag(value: str, name: str) -> bool:
     raise InvalidArgument(f"the store URL's {name} is {value!r}: use on or off")
 
 
+def take_query(url: str, names: tuple[str, ...]) -> tuple[str, list[tuple[str, str]]]:
+    """``(url without them, [(name, value)…])``: the query parameters named ``names`` taken out,
+    every other one kept byte for byte (libpq reads ``+`` as itself, not as a space)."""
+    parts = urlsplit(url)
+    kept, taken = [], []
+    for piece in parts.query.split("&") if parts.query else []:
+        name, _, value = piece.partition("=")
+        if unquote(name) in names:
+            taken.append((unquote(name), unquote(value)))
+        else:
+            kept.append(piece)
+    if not taken:
+        return url, []
+    return urlunsplit(parts._replace(query="&".join(kept))), taken
+
+
 def take_url_settings(url: str) -> tuple[str, dict[str, Any]]:
     """``(URL without them, settings)``: ctrlrun's own URL parameters, taken out before the URL
     reaches libpq: ``ctrlrun_startup_options=off`` and ``ctrlrun_max_clock_skew=<seconds or
     off>``."""
-    parts = urlsplit(url)
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    rest, taken = take_query(url, (STARTUP_PARAMETER, SKEW_PARAMETER))
     settings: dict[str, Any] = {}
-    kept = []
-    for name, value in pairs:
+    for name, value in taken:
         if name == STARTUP_PARAMETER:
             settings["startup_options"] = _flag(value, name)
-        elif name == SKEW_PARAMETER:
-            if value.strip().lower() in ("off", "none", "false", "no"):
-                settings["max_clock_skew"] = None
-            else:
-                try:
-                    settings["max_clock_skew"] = float(value)
-                except ValueError:
-                    raise InvalidArgument(
-                        f"the store URL's {name} is {value!r}: give seconds (e.g. 5) or off"
-                    ) from None
+        elif value.strip().lower() in ("off", "none", "false", "no"):
+            settings["max_clock_skew"] = None
         else:
-            kept.append((name, value))
-    if len(kept) == len(pairs):
-        return url, settings
-    return urlunsplit(parts._replace(query=urlencode(kept))), settings
+            try:
+                settings["max_clock_skew"] = float(value)
+            except ValueError:
+                raise InvalidArgument(
+                    f"the store URL's {name} is {value!r}: give seconds (e.g. 5) or off"
+                ) from None
+    return rest, settings

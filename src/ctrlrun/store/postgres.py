@@ -37,13 +37,12 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .._time import utc_now
 from ..drafts import EventRow, ReceiptDraft
 from ..errors import ClockSkew, CTRLRunError, InvalidArgument, MissingDependency, SchemaMismatch
 from ..receipt import Event, Receipt
-from .pgtimeouts import PostgresTimeouts, connect_parameters, take_url_settings
+from .pgtimeouts import PostgresTimeouts, connect_parameters, take_query, take_url_settings
 from .placing import as_draft, place_with_events, placed_receipt
 from .rows import Tx
 from .schema import (
@@ -83,15 +82,13 @@ def split_store_url(url: str) -> tuple[str, str | None]:
         raise InvalidArgument(
             f"a Postgres store URL starts with postgresql:// or postgres://, got {url!r}"
         )
-    parts = urlsplit(url)
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for name, value in pairs if name == SCHEMA_PARAMETER]
+    rest, taken = take_query(url, (SCHEMA_PARAMETER,))
+    schemas = [value for _, value in taken]
     if len(schemas) > 1:
         raise InvalidArgument(f"the store URL names {SCHEMA_PARAMETER} more than once")
     if schemas and not schemas[0]:
         raise InvalidArgument(f"the store URL's {SCHEMA_PARAMETER} is empty; name a schema")
-    rest = urlencode([(name, value) for name, value in pairs if name != SCHEMA_PARAMETER])
-    return urlunsplit(parts._replace(query=rest)), (schemas[0] if schemas else None)
+    return rest, (schemas[0] if schemas else None)
 
 
 def _check_schema_name(schema: Any) -> str:
@@ -188,7 +185,6 @@ class PostgresStateStore(SQLStateStore):
         self.clock_check_interval = CLOCK_CHECK_INTERVAL
         # the clock is judged only when it is meant to tell the real time
         self._judges_clock = clock is utc_now and self.max_clock_skew is not None
-        self._host_now: Callable[[], datetime] = utc_now  # this host's clock, as measured
         self._ticks: Callable[[], float] = time.monotonic
         self._clock_due = 0.0
         self._skew: timedelta | None = None
@@ -239,6 +235,7 @@ class PostgresStateStore(SQLStateStore):
         self._open_or_close(migrate)
 
     FUSED = True  # BEGIN and COMMIT ride with the statements
+    _host_now = staticmethod(utc_now)  # this host's clock, as the skew check reads it
 
     @property
     def schema(self) -> str:
