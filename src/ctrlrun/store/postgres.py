@@ -312,9 +312,13 @@ class PostgresStateStore(SQLStateStore):
                 "written: retry"
             )
         original = getattr(exc, "orig", None) or exc
-        lost = type(original).__name__ in ("OperationalError", "InterfaceError")
+        psycopg = self._psycopg
+        lost = isinstance(original, (psycopg.OperationalError, psycopg.InterfaceError))
         if state.startswith(("08", "57P")) or (lost and not state):
-            return CTRLRunError(f"cannot reach {where} while {doing}: {message}")
+            hint = ""
+            if isinstance(original, getattr(psycopg.errors, "ConnectionTimeout", ())):
+                hint = f" (connect_timeout {t.describe('connect')}): is the server up and reachable?"
+            return CTRLRunError(f"cannot reach {where} while {doing}: {message}{hint}")
         return CTRLRunError(f"{where} failed while {doing}: {message}")
 
     def _commit_error(self, exc: BaseException) -> CTRLRunError:
