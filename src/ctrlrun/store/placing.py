@@ -57,9 +57,10 @@ def as_draft(receipt: Receipt) -> ReceiptDraft | None:
     formats = (_slots(line, _COMPACT_JSON), _slots(canonical, _CANONICAL_JSON))
     if formats[0] is None or formats[1] is None:
         return None
+    action_id, effect_key, result, finished_at = free
     draft = ReceiptDraft(
-        {}, (formats[0], formats[1]), receipt_id=str(receipt_id), action_id=free[0],  # type: ignore[arg-type]
-        effect_key=free[1], result=free[2], finished_at=free[3],  # type: ignore[arg-type]
+        {}, (formats[0], formats[1]), receipt_id=str(receipt_id), action_id=str(action_id),
+        effect_key=effect_key, result=str(result), finished_at=str(finished_at),
     )  # fmt: skip
     try:
         draft.pieces()  # seq before prev_hash in the line, after it in the canonical text
@@ -146,7 +147,8 @@ def place_with_events(
     values: dict[str, Any] = dict(zip(("l0", "l1", "l2", "c0", "c1", "c2"), draft.pieces()))
     values.update(_event_binds(rows))
     values.update(receipt_id=draft.receipt_id, action_id=draft.action_id,
-                  effect_key=draft.effect_key, result=draft.result, ts=draft.finished_at)  # fmt: skip
+                  effect_key=draft.effect_key, result=draft.result,
+                  ts=draft.finished_at)  # fmt: skip
     try:
         returned = tx._commits(statement.sql, statement.bind(values)).fetchall()
     except tx._unique_error as exc:

@@ -317,7 +317,7 @@ class PostgresStateStore(SQLStateStore):
         if state.startswith(("08", "57P")) or (lost and not state):
             hint = ""
             if isinstance(original, getattr(psycopg.errors, "ConnectionTimeout", ())):
-                hint = f" (connect_timeout {t.describe('connect')}): is the server up and reachable?"
+                hint = f" (connect_timeout {t.describe('connect')}): is the server up, reachable?"
             return CTRLRunError(f"cannot reach {where} while {doing}: {message}{hint}")
         return CTRLRunError(f"{where} failed while {doing}: {message}")
 
@@ -487,8 +487,9 @@ class PostgresStateStore(SQLStateStore):
             return _stored(tx, rows, place_with_events(tx, rows, draft))
 
         stored = self._write(write)
-        assert receipt is not None
-        return stored, draft if receipt is draft else placed_receipt(receipt, draft)  # type: ignore[arg-type]
+        if isinstance(receipt, Receipt):
+            return stored, placed_receipt(receipt, draft)
+        return stored, draft
 
     def finish_attempt(
         self,
