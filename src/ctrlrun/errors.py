@@ -15,6 +15,7 @@ Three kinds a caller acts on differently, and the executor's own signals::
     ├── StoreError           the store failed: the message says what it kept
     │   ├── StoreUnavailable     unreachable, busy, timed out or rolled back: nothing was kept
     │   ├── AmbiguousWrite       a write could not be confirmed (after read-back and retries)
+    │   ├── ClockSkew            this host's clock and the server's disagree: time is not judged
     │   └── SchemaMismatch       the store's schema is not one this build knows
     ├── NotExecuted          raised by a protected function: the remote provably did nothing
     └── Suspended            raised by a protected function to hold its effect (not built yet)
@@ -47,6 +48,7 @@ __all__ = [
     "IdentityError",
     "SchemaMismatch",
     "MissingDependency",
+    "ClockSkew",
 ]
 
 
@@ -311,3 +313,31 @@ class MissingDependency(UsageError, ImportError):
 
     def _default_message(self) -> str:
         return f"{self.module} is not installed; pip install 'ctrlrun[{self.extra}]'"
+
+
+class ClockSkew(StoreError):
+    """This host's clock and the store server's disagree by more than the store allows, so it
+    refuses the writes that judge time (leases, approval expiry) until they agree again."""
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        host: str | None = None,
+        server: str | None = None,
+        skew: float | None = None,
+        limit: float | None = None,
+    ) -> None:
+        self.host = host
+        self.server = server
+        self.skew = skew
+        self.limit = limit
+        super().__init__(message)
+
+    def _default_message(self) -> str:
+        return (
+            f"the clock of host {self.host or '?'} is {self.skew or 0:.1f} s off the clock of "
+            f"the store server {self.server or '?'} (at most {self.limit or 0:g} s allowed), so "
+            "leases and approval expiry cannot be judged: synchronise this host's clock (NTP), "
+            "or raise max_clock_skew"
+        )

@@ -6,6 +6,6 @@ loads only when a store is built.
 
 from __future__ import annotations
 
-from .store.postgres import PostgresStateStore, clock_skew, split_store_url
+from .store.postgres import PostgresStateStore, PostgresTimeouts, clock_skew, split_store_url
 
-__all__ = ["PostgresStateStore", "clock_skew", "split_store_url"]
+__all__ = ["PostgresStateStore", "PostgresTimeouts", "clock_skew", "split_store_url"]

@@ -10,7 +10,14 @@ How it keeps the store's promises across hosts:
   decision is made safe by unique constraints (``INSERT … ON CONFLICT DO NOTHING``) and by
   compare-and-set updates whose row count is checked (the shared code in ``store.ops``);
 - connections run in autocommit; each write opens an explicit ``BEGIN`` and ends it, so no
-  connection sits idle in a transaction;
+  connection sits idle in a transaction; every write that moves the receipt chain head is one
+  message (``BEGIN; …; COMMIT``), so the head's row lock never outlives a message;
+- every wait is bounded (``PostgresTimeouts``): lock, statement and idle-in-transaction timeouts
+  ride in the ``options`` startup parameter; TCP keepalives and ``tcp_user_timeout`` notice a
+  dead server; a lock or statement timeout is "nothing was written: retry";
+- this host's clock is compared with the server's at open and then at most once a minute;
+  beyond ``max_clock_skew`` the writes (which judge leases and expiry) are refused
+  (``ClockSkew``);
 - no session state: every statement names the schema (SQLAlchemy ``schema_translate_map``), no
   ``SET``, no server-side prepared statements, so a transaction-mode pooler (PgBouncer) is safe;
 - the receipt head row's ``UPDATE … RETURNING`` is a row lock: receipt writers serialize;
@@ -23,15 +30,18 @@ How it keeps the store's promises across hosts:
 from __future__ import annotations
 
 import logging
+import math
 import re
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, TypeVar
 
 from .._time import utc_now
+from ..drafts import EventRow, ReceiptDraft
 from ..errors import (
+    ClockSkew,
     CTRLRunError,
     InvalidArgument,
     MissingDependency,
@@ -39,6 +49,11 @@ from ..errors import (
     StoreError,
     StoreUnavailable,
 )
+from ..receipt import Event, Receipt
+from .pgtimeouts import PostgresTimeouts, connect_parameters, take_query, take_url_settings
+from .placing import as_draft, place_with_events, placed_receipt
+from .rows import Tx
+from .settle import finish_landed
 from .schema import (
     HEAD,
     MIGRATIONS,
@@ -48,8 +63,12 @@ from .schema import (
     running_version,
 )
 from .sql import SQLStateStore
+from .statements import EVENTS_PER_STATEMENT
+from .steps import _check_id, _stored, event_rows
 
-__all__ = ["PostgresStateStore", "clock_skew", "split_store_url"]
+__all__ = ["PostgresStateStore", "PostgresTimeouts", "clock_skew", "split_store_url"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("ctrlrun")
 
@@ -58,9 +77,12 @@ SCHEMA_PARAMETER = "ctrlrun_schema"
 MIGRATION_LOCK_KEY = 0x6374726C72756E
 _SCHEMES = ("postgresql://", "postgres://")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_CONNECT_TIMEOUT = 10
-_NOTHING_COMMITTED = {"40001", "40P01"}  # serialization failure, deadlock: rolled back
+# serialization failure, deadlock: rolled back; the session ended idle in its transaction
+_NOTHING_COMMITTED = {"40001", "40P01", "25P03"}
 _SKEW = timedelta(seconds=1)
+MAX_CLOCK_SKEW = 5.0  # seconds
+CLOCK_CHECK_INTERVAL = 60.0  # seconds between two measurements of the server's clock
+_CLOCK_QUERY = "SELECT clock_timestamp()"
 
 
 def split_store_url(url: str) -> tuple[str, str | None]:
@@ -69,15 +91,13 @@ def split_store_url(url: str) -> tuple[str, str | None]:
         raise InvalidArgument(
             f"a Postgres store URL starts with postgresql:// or postgres://, got {url!r}"
         )
-    parts = urlsplit(url)
-    pairs = parse_qsl(parts.query, keep_blank_values=True)
-    schemas = [value for name, value in pairs if name == SCHEMA_PARAMETER]
+    rest, taken = take_query(url, (SCHEMA_PARAMETER,))
+    schemas = [value for _, value in taken]
     if len(schemas) > 1:
         raise InvalidArgument(f"the store URL names {SCHEMA_PARAMETER} more than once")
     if schemas and not schemas[0]:
         raise InvalidArgument(f"the store URL's {SCHEMA_PARAMETER} is empty; name a schema")
-    rest = urlencode([(name, value) for name, value in pairs if name != SCHEMA_PARAMETER])
-    return urlunsplit(parts._replace(query=rest)), (schemas[0] if schemas else None)
+    return rest, (schemas[0] if schemas else None)
 
 
 def _check_schema_name(schema: Any) -> str:
@@ -93,15 +113,29 @@ def _check_schema_name(schema: Any) -> str:
     return schema
 
 
-def clock_skew(local: datetime, server: Any, rtt: float) -> timedelta | None:
+def clock_skew(
+    local: datetime, server: Any, rtt: float, limit: timedelta = _SKEW
+) -> timedelta | None:
     """How far ``local`` is from ``server`` beyond the measurement's uncertainty (the round
-    trip), when that exceeds one second; else ``None``."""
+    trip), when that exceeds ``limit`` (one second); else ``None``."""
     if not isinstance(server, datetime):
         return None
     if server.tzinfo is None:
         server = server.replace(tzinfo=timezone.utc)
     skew = abs(local - server) - timedelta(seconds=max(rtt, 0.0))
-    return skew if skew > _SKEW else None
+    return skew if skew > limit else None
+
+
+def _check_skew_limit(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        math.isfinite(value) and value > 0
+    ):
+        raise InvalidArgument(
+            f"max_clock_skew must be None (no check) or a number of seconds > 0, got {value!r}"
+        )
+    return float(value)
 
 
 def _sqlstate(exc: BaseException) -> str | None:
@@ -123,6 +157,14 @@ class PostgresStateStore(SQLStateStore):
     ``CREATE`` on it. ``migrate=False`` opens a store already at the current schema version and
     changes nothing (the operator commands' path). A newer schema is refused
     (``SchemaMismatch``): upgrade every reader before any writer.
+
+    ``timeouts`` bounds every wait (``PostgresTimeouts``, defaults: lock 5 s, statement 15 s,
+    idle in transaction 15 s, connect 10 s, keepalives after 5 s idle, ``tcp_user_timeout``
+    10 s); what the URL sets itself wins. ``max_clock_skew`` (seconds, default 5; ``None``: no
+    check) is how far this host's clock may be off the server's before writes are refused
+    (``ClockSkew``); it is measured at open and at most once a minute after. An injected
+    ``clock`` is not checked. The URL may carry ``ctrlrun_startup_options=off`` and
+    ``ctrlrun_max_clock_skew=<seconds|off>``, which win over the keywords.
     """
 
     def __init__(
@@ -132,10 +174,29 @@ class PostgresStateStore(SQLStateStore):
         schema: str = "public",
         clock: Callable[[], datetime] = utc_now,
         migrate: bool = True,
+        timeouts: PostgresTimeouts | None = None,
+        max_clock_skew: float | None = MAX_CLOCK_SKEW,
     ) -> None:
         if isinstance(url, str) and url.startswith("postgresql+psycopg://"):
             url = "postgresql://" + url[len("postgresql+psycopg://") :]
         conninfo, named = split_store_url(url)
+        conninfo, settings = take_url_settings(conninfo)
+        if timeouts is None:
+            timeouts = PostgresTimeouts()
+        elif not isinstance(timeouts, PostgresTimeouts):
+            raise InvalidArgument(f"timeouts must be a PostgresTimeouts or None, got {timeouts!r}")
+        if "startup_options" in settings:
+            from dataclasses import replace
+
+            timeouts = replace(timeouts, startup_options=settings["startup_options"])
+        self.timeouts = timeouts
+        self.max_clock_skew = _check_skew_limit(settings.get("max_clock_skew", max_clock_skew))
+        self.clock_check_interval = CLOCK_CHECK_INTERVAL
+        # the clock is judged only when it is meant to tell the real time
+        self._judges_clock = clock is utc_now and self.max_clock_skew is not None
+        self._ticks: Callable[[], float] = time.monotonic
+        self._clock_due = 0.0
+        self._skew: timedelta | None = None
         schema = _check_schema_name(schema)
         if named is not None:
             named = _check_schema_name(named)
@@ -183,6 +244,7 @@ class PostgresStateStore(SQLStateStore):
         self._open_or_close(migrate)
 
     FUSED = True  # BEGIN and COMMIT ride with the statements
+    _host_now = staticmethod(utc_now)  # this host's clock, as the skew check reads it
 
     @property
     def schema(self) -> str:
@@ -201,9 +263,7 @@ class PostgresStateStore(SQLStateStore):
     # -- connections and transactions
 
     def _connect(self) -> Any:
-        extra: dict[str, Any] = {}
-        if "connect_timeout" not in self._params:
-            extra["connect_timeout"] = _CONNECT_TIMEOUT
+        extra = connect_parameters(self._params, self.timeouts)
         if "client_encoding" not in self._params:
             extra["client_encoding"] = "UTF8"
         # prepare_threshold=None: no server-side prepared statements (session state).
@@ -235,15 +295,39 @@ class PostgresStateStore(SQLStateStore):
                 f"{where}: permission denied while {doing} ({message}); the role needs "
                 f"GRANT USAGE, CREATE ON SCHEMA {self._schema} and rights on its tables"
             )
+        t = self.timeouts
+        if state == "55P03":
+            return StoreUnavailable(
+                f"{where} gave up waiting for a lock while {doing} ({message}): another session "
+                f"held it past lock_timeout ({t.describe('lock')}); nothing was written: retry "
+                "(a lock held for long: find its session in pg_stat_activity)"
+            )
+        if state == "57014":
+            return StoreUnavailable(
+                f"{where} cancelled a statement while {doing} ({message}): it ran past "
+                f"statement_timeout ({t.describe('statement')}) or was cancelled; nothing was "
+                "written: retry (a long read: raise PostgresTimeouts.statement, or "
+                "options=-c statement_timeout=... in the URL)"
+            )
+        if state == "25P03":
+            return StoreUnavailable(
+                f"{where} ended the session while {doing} ({message}): a transaction sat idle "
+                f"past idle_in_transaction_session_timeout ({t.describe('idle_in_transaction')});"
+                " nothing of it was written: retry"
+            )
         if state in _NOTHING_COMMITTED:
             return StoreUnavailable(
                 f"{where} rolled the write back ({message}) while {doing}; nothing was "
                 "written: retry"
             )
         original = getattr(exc, "orig", None) or exc
-        lost = type(original).__name__ in ("OperationalError", "InterfaceError")
+        psycopg = self._psycopg
+        lost = isinstance(original, (psycopg.OperationalError, psycopg.InterfaceError))
         if state.startswith(("08", "57P")) or (lost and not state):
-            return StoreUnavailable(f"cannot reach {where} while {doing}: {message}")
+            hint = ""
+            if isinstance(original, getattr(psycopg.errors, "ConnectionTimeout", ())):
+                hint = f" (connect_timeout {t.describe('connect')}): is the server up, reachable?"
+            return StoreUnavailable(f"cannot reach {where} while {doing}: {message}{hint}")
         if self._transient(exc):
             return StoreUnavailable(f"{where} could not take this while {doing}: {message}")
         return StoreError(f"{where} failed while {doing}: {message}")
@@ -280,7 +364,7 @@ class PostgresStateStore(SQLStateStore):
                     f"{self._schema!r} of {self.target}: run GRANT {missing} ON SCHEMA "
                     f'"{self._schema}" TO <role>'
                 )
-            self._check_skew(server_now, rtt)
+            self._check_skew(self._host_now(), server_now, rtt)
             version = conn.exec_driver_sql("SHOW server_version_num").scalar()
             # sha256() is built in from PostgreSQL 11: older servers get the receipt's hash
             # from this host, in a second message
@@ -325,18 +409,146 @@ class PostgresStateStore(SQLStateStore):
         rtt = time.monotonic() - started
         return str(row[0]), bool(row[1]), bool(row[2]), bool(row[3]), row[4], rtt
 
-    def _check_skew(self, server_now: datetime, rtt: float) -> None:
-        """Warn (decide nothing) when this host's clock and the server's disagree by > 1 s."""
+    def _check_skew(self, local: datetime, server_now: Any, rtt: float) -> None:
+        """Keep the measured skew when it exceeds ``max_clock_skew``; warn past one second."""
         if self.clock is not utc_now:
             return  # an injected clock is not meant to tell the real time
-        skew = clock_skew(utc_now(), server_now, rtt)
-        if skew is not None:
+        self._clock_due = self._ticks() + self.clock_check_interval
+        skew = clock_skew(local, server_now, rtt)
+        limit = self.max_clock_skew
+        self._skew = None
+        if skew is not None and limit is not None and skew > timedelta(seconds=limit):
+            self._skew = skew
+        elif skew is not None:
             log.warning(
                 "this host's clock differs from the Postgres server's (%s) by about %.1f s; "
                 "leases are judged by this host's clock: synchronise it (NTP)",
                 self.target,
                 skew.total_seconds(),
             )
+
+    def _read_clocks(self) -> tuple[datetime, Any, float]:
+        """This host's time, the server's and the round trip, from one ``clock_timestamp()``."""
+        dbapi, _ = self._driver()
+        if self.trace is not None:
+            self.trace(_CLOCK_QUERY, None)
+        started = self._ticks()
+        try:
+            cursor = self._psycopg.ClientCursor(dbapi)
+            cursor.execute(_CLOCK_QUERY)
+            row = cursor.fetchone()
+        except self._errors as exc:
+            self._lost(exc)
+            raise self._driver_error(exc, "reading the server's clock") from None
+        return self._host_now(), (row[0] if row else None), self._ticks() - started
+
+    def _judge_clock(self) -> None:
+        """Refuse (``ClockSkew``) while this host's clock is too far off the server's; measure
+        again once the last measurement is older than ``clock_check_interval`` (and before
+        every write while it is off, so a fixed clock is seen at once)."""
+        if self._skew is not None or self._ticks() >= self._clock_due:
+            self._check_skew(*self._read_clocks())
+        skew = self._skew
+        if skew is not None:
+            raise ClockSkew(
+                f"the clock of this host ({socket.gethostname()}) is {skew.total_seconds():.1f}"
+                f" s off the clock of the Postgres server ({self.target}), more than "
+                f"max_clock_skew ({self.max_clock_skew:g} s): leases and approval expiry cannot "
+                "be judged, so nothing was written; synchronise this host's clock (NTP: "
+                "chronyc tracking, timedatectl), or raise max_clock_skew "
+                "(PostgresStateStore(max_clock_skew=...) or ctrlrun_max_clock_skew= in the URL)",
+                host=socket.gethostname(),
+                server=self.target,
+                skew=skew.total_seconds(),
+                limit=self.max_clock_skew,
+            )
+
+    def _write(self, operation: Callable[[Tx, datetime], T]) -> T:
+        if self._judges_clock:
+            self._judge_clock()
+        return super()._write(operation)
+
+    # -- writes that move the chain head: one message each
+
+    def _server_draft(
+        self, receipt: Receipt | ReceiptDraft | None, rows: Sequence[Any]
+    ) -> ReceiptDraft | None:
+        """The draft the server places for ``receipt``, or ``None`` (placed the two-step way)."""
+        if not self._statements.places or len(rows) > EVENTS_PER_STATEMENT:
+            return None
+        if isinstance(receipt, ReceiptDraft):
+            return receipt
+        return as_draft(receipt) if isinstance(receipt, Receipt) else None
+
+    def record(
+        self,
+        *,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
+        return_events: bool = True,
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
+        """Append events and chain a receipt in one transaction, sent as one message."""
+        return self._record(events, receipt, return_events, action_id=None)
+
+    def _record(
+        self, events: Sequence[Event | EventRow], receipt: Receipt | ReceiptDraft | None,
+        return_events: bool, *, action_id: str | None,
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:  # fmt: skip
+        """``record``; with ``action_id`` it is the outcome of a function that ran (no effect
+        key), written hard as every outcome is (retried, read back after a lost reply)."""
+        rows = event_rows(events)
+        draft = self._server_draft(receipt, rows)
+        if draft is None:
+            if action_id is None:
+                return super().record(events=rows, receipt=receipt, return_events=return_events)
+            return super().finish_attempt(
+                effect_key=None, action_id=action_id, outcome=None, events=rows,
+                receipt=receipt, return_events=return_events,
+            )  # fmt: skip
+
+        def write(tx: Any, now: datetime) -> tuple[Event, ...]:
+            tx.returning = return_events
+            return _stored(tx, rows, place_with_events(tx, rows, draft))
+
+        def landed(tx: Any, now: datetime) -> tuple[Event, ...] | None:
+            found = finish_landed(
+                tx, effect_key=None, action_id=action_id or "", outcome=None, rows=rows,
+                receipt=draft, return_events=return_events,
+            )  # fmt: skip
+            return None if found is None else found[0]
+
+        stored = self._write(write) if action_id is None else self._write_outcome(write, landed)
+        if isinstance(receipt, Receipt):
+            return stored, placed_receipt(receipt, draft)
+        return stored, draft
+
+    def finish_attempt(
+        self,
+        *,
+        effect_key: str | None,
+        action_id: str,
+        outcome: Any,
+        result: Any = None,
+        error: str | None = None,
+        events: Sequence[Event | EventRow] = (),
+        receipt: Receipt | ReceiptDraft | None = None,
+        return_events: bool = True,
+    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
+        """``StoreOps.finish_attempt``, with a receipt object placed by the server too."""
+        if effect_key is None and outcome is None:  # no effect record to move: a record
+            _check_id(action_id, "action_id")
+            return self._record(events, receipt, return_events, action_id=action_id)
+        draft = None
+        if isinstance(receipt, Receipt) and events:  # the one-message finish writes events
+            draft = self._server_draft(receipt, events)
+        stored, placed = super().finish_attempt(
+            effect_key=effect_key, action_id=action_id, outcome=outcome, result=result,
+            error=error, events=events, receipt=draft or receipt, return_events=return_events,
+        )  # fmt: skip
+        if draft is not None and placed is draft:
+            assert isinstance(receipt, Receipt)
+            return stored, placed_receipt(receipt, draft)
+        return stored, placed
 
     def _migrate(self) -> None:
         from sqlalchemy import text
