@@ -218,3 +218,26 @@ def test_sqlite_disk_full_after_the_function_ran_is_retried_until_space_returns(
     assert store.get_effect("refund:txn_1").state is EffectState.COMMITTED
     assert len(store.receipts()) == 1 and verify_chain(store).ok
     store.close()
+
+
+@needs_server
+def test_a_call_without_an_effect_key_keeps_its_receipt_when_its_backend_is_killed(pg, pg_url, clock):
+    policy = Policy.from_yaml(
+        "schema: ctrlrun.policy/v2\nactions:\n  mail.send:\n    decision: allow\n"
+    )
+    control = Control(policy, pg, clock=clock)
+    pg._sleep = lambda seconds: None
+    sent: list[str] = []
+
+    @protect("mail.send", control=control)
+    def send(to: str) -> str:
+        sent.append(to)
+        (dbapi, _) = pg._driver()
+        admin(pg_url, "SELECT pg_terminate_backend(%s)", dbapi.info.backend_pid)
+        return "sent"
+
+    with context(agent="agent-1"):
+        assert send(to="ada@example.com") == "sent"
+    assert sent == ["ada@example.com"]
+    (receipt,) = pg.receipts()
+    assert receipt.result == "committed" and receipt.effect_key is None and verify_chain(pg).ok
