@@ -211,7 +211,7 @@ def test_context_follows_tasks(control, store):
         return await asyncio.gather(*(as_agent(f"agent-{i}", f"txn_{i}") for i in range(10)))
 
     assert asyncio.run(main()) == [f"txn_{i}" for i in range(10)]
-    agents = {r.effect_key: r.principal["agent"] for r in store.receipts()}
+    agents = {r.effect_key: r.principal.agent for r in store.receipts()}
     assert agents == {f"refund:txn_{i}": f"agent-{i}" for i in range(10)}
 
 

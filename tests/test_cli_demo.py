@@ -78,7 +78,7 @@ def test_demo_evidence(workdir):
     try:
         receipts = store.receipts()
         events = store.events()
-        assert [(r.decision, r.result, r.effect_key, r.principal["agent"]) for r in receipts] == [
+        assert [(r.decision, r.result, r.effect_key, r.principal.agent) for r in receipts] == [
             ("allow", "ambiguous", "refund:txn_1", "support-agent"),
             ("allow", "blocked", "refund:txn_1", "support-agent"),
             ("approve", "blocked", "refund:txn_2", "support-agent"),

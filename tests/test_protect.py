@@ -109,7 +109,7 @@ def test_allow_runs_once_and_records(control, store):
     first = store.receipts()[0]
     assert first.arguments == {"amount": 100, "note": "", "payment_id": "txn_1"}
     assert first.policy_hash == control.policy.policy_hash
-    assert first.principal["agent"] == "support-agent"
+    assert first.principal.agent == "support-agent"
     record = store.get_effect("refund:txn_1")
     assert record.state is EffectState.COMMITTED and record.result == {"id": "re_txn_1"}
     assert verify_chain(store).ok
@@ -655,7 +655,7 @@ def test_identity_provider_decides(store, clock):
     control = Control(Policy.from_yaml(POLICY), store, clock=clock, identity=StaticIdentityProvider("svc"))
     refund = make_refund(control, [])
     refund("txn_1", 100)  # no context needed
-    assert store.receipts()[0].principal["agent"] == "svc"
+    assert store.receipts()[0].principal.agent == "svc"
 
 
 @pytest.mark.parametrize("state", ["committed", "ambiguous", "in_progress"])

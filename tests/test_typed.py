@@ -55,6 +55,12 @@ def test_receipt_result_and_decision_are_their_enums_and_the_json_is_unchanged()
     assert again.chain_hash() == receipt.hash
     odd = Receipt.from_dict({**document, "result": "edited-by-hand"})
     assert odd.result == "edited-by-hand"  # kept as read: the chain check reports it
+    from ctrlrun import Principal
+
+    assert receipt.principal == Principal("agent-1") and again.principal.agent == "agent-1"
+    foreign = Receipt.from_dict({**document, "principal": {"agent": "x", "role": "admin"}})
+    assert foreign.principal == {"agent": "x", "role": "admin"}  # not a Principal: as read
+    assert foreign.to_dict()["principal"] == {"agent": "x", "role": "admin"}
 
 
 def test_the_errors_form_one_tree_a_caller_can_act_on():

@@ -82,7 +82,7 @@ def main() -> None:
     print(f"warehouse: {len(shipped)} parcel(s): {'; '.join(shipped)}")
     store = SQLiteStateStore(STATE / "state.db")
     for receipt in store.receipts():
-        print(f"receipt  {receipt.principal['agent']}  {receipt.effect_key}  "
+        print(f"receipt  {receipt.principal.agent}  {receipt.effect_key}  "
               f"{receipt.decision}/{receipt.result}  {receipt.error or ''}".rstrip())
     store.close()
 

@@ -78,7 +78,7 @@ class Attempt:
             action_id=self.action.action_id,
             action=self.action.name,
             action_hash=self.action.action_hash,
-            principal=principal.to_dict(),
+            principal=principal,
             resource=self.action.resource,
             arguments=self.action.canonical_arguments,
             environment=self.action.environment,

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from .policy.model import Decision
+from ._time import parse_ts
+from .action import Principal
 from .action import _CANONICAL_JSON, _plain_checked, _Unplain, canonical_bytes, sha256_hex
 
 __all__ = [
@@ -151,7 +153,7 @@ class Receipt:
     action_id: str
     action: str
     action_hash: str
-    principal: Mapping[str, Any]
+    principal: Principal | Mapping[str, Any]
     resource: str | None
     arguments: Mapping[str, Any]
     environment: str
@@ -188,15 +190,22 @@ class Receipt:
     stored_seq: int | None = field(default=_NOT_STORED, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        # result and decision as the enums they are; a value outside them (a store edited by
-        # hand) is kept as read, for the chain check to report
+        # result and decision as the enums they are, the principal as a Principal; a value
+        # outside them (a store edited by hand) is kept as read, for the chain check to report
+        values = self.__dict__
         for name, kind in (("result", ReceiptResult), ("decision", Decision)):
-            value = self.__dict__[name]
+            value = values[name]
             if type(value) is str:
                 try:
                     object.__setattr__(self, name, kind(value))
                 except ValueError:
                     pass
+        document = values["principal"]
+        if isinstance(document, Mapping):
+            principal = _principal_of(document)
+            if principal is not None:
+                values["_principal_document"] = document  # the hash is over the text as read
+                object.__setattr__(self, "principal", principal)
 
     def to_dict(self) -> dict[str, Any]:
         """The document in table order (the stored hash is never part of it)."""
@@ -216,6 +225,8 @@ class Receipt:
         else:
             body = zip(_BODY_KEYS, _body_values(self))
         for name, value in body:
+            if name == "principal" and isinstance(value, Principal):
+                value = self.__dict__.get("_principal_document") or value.to_dict()
             if name in _LIST_KEYS:
                 value = [dict(v) if isinstance(v, Mapping) else v for v in value]
                 if value:
@@ -388,9 +399,29 @@ def _copy(receipt: Receipt, **changes: Any) -> Receipt:
     values.update(receipt.__dict__)
     values.pop("_json", None)  # the line written for the original, if any
     values.update(changes)
-    if "result" in changes or "decision" in changes:
+    if "principal" in changes:
+        values.pop("_principal_document", None)
+    if changes.keys() & {"result", "decision", "principal"}:
         new.__post_init__()
     return new
+
+
+_PRINCIPAL_KEYS = frozenset(("agent", "user", "claims", "issuer", "expires_at"))
+
+
+def _principal_of(document: Mapping[str, Any]) -> Principal | None:
+    """The ``Principal`` a receipt's principal document stands for, when it is one exactly."""
+    if not document.keys() <= _PRINCIPAL_KEYS or "agent" not in document:
+        return None
+    expires = document.get("expires_at")
+    try:
+        principal = Principal(
+            document["agent"], document.get("user"), document.get("claims") or {},
+            document.get("issuer"), parse_ts(expires) if isinstance(expires, str) else expires,
+        )  # fmt: skip
+    except Exception:  # not a principal this library could have written: kept as the mapping
+        return None
+    return principal if principal.to_dict() == dict(document, **{"claims": document.get("claims") or {}}) else None
 
 
 @dataclass(frozen=True, slots=True)

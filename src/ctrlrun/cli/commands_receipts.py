@@ -30,8 +30,11 @@ def _unreadable(seq: Any, receipt_id: Any, hash: Any, type_name: str) -> tuple[s
 
 
 def _receipt_line(receipt: Receipt) -> str:
-    principal = receipt.principal if isinstance(receipt.principal, Mapping) else {}
-    agent = principal.get("agent") or "-"
+    principal = receipt.principal
+    if isinstance(principal, Mapping):  # a document this library did not write
+        agent = principal.get("agent") or "-"
+    else:
+        agent = principal.agent
     return (
         f"{receipt.finished_at}  {receipt.receipt_id}  {receipt.action}  "
         f"{receipt.decision}/{receipt.result}  {receipt.effect_key or '-'}  {agent}"
