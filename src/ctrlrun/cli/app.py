@@ -9,13 +9,14 @@ import click
 
 from .. import __version__
 from ..errors import CTRLRunError
-from .commands_approvals import approve, deny, pending
+from .commands_approvals import approve, deny
 from .commands_effects import effects, resolve
+from .commands_pending import pending
 from .commands_policy import init, policy
 from .commands_receipts import receipts
 from .demo import demo
 from .stores import Settings
-from .text import safe
+from .text import reset_output, safe
 
 __all__ = ["cli"]
 
@@ -37,8 +38,8 @@ class CtrlrunGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort):
-            raise
+        except (click.exceptions.Exit, click.exceptions.Abort, BrokenPipeError):
+            raise  # click ends a write to a closed pipe quietly
         except click.ClickException as exc:
             setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise
@@ -56,6 +57,7 @@ class CtrlrunGroup(click.Group):
 def cli(ctx: click.Context) -> None:
     """ctrlrun: answer approvals, settle unknown outcomes, read and verify receipts."""
     ctx.ensure_object(Settings)
+    reset_output()
 
 
 for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy):
