@@ -16,7 +16,7 @@ from .commands_policy import init, policy
 from .commands_receipts import receipts
 from .demo import demo
 from .stores import Settings
-from .text import reset_output, safe
+from .text import reader_left, reset_output, safe
 
 __all__ = ["cli"]
 
@@ -24,7 +24,8 @@ log = logging.getLogger("ctrlrun.cli")
 
 
 class CtrlrunGroup(click.Group):
-    """A group whose commands never show a traceback: refusals exit 1, usage errors exit 2."""
+    """A group whose commands never show a traceback: refusals exit 1, usage errors exit 2, and
+    a reader closing the pipe ends the command quietly."""
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
@@ -34,12 +35,18 @@ class CtrlrunGroup(click.Group):
         except click.ClickException as exc:
             setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise
+        except BrokenPipeError:  # --help or --version into a closed pipe
+            reader_left()
+            raise click.exceptions.Exit(0) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.exceptions.Exit, click.exceptions.Abort, BrokenPipeError):
-            raise  # click ends a write to a closed pipe quietly
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except BrokenPipeError:  # only click's own output (a command's --help) gets here
+            reader_left()
+            raise click.exceptions.Exit(0) from None
         except click.ClickException as exc:
             setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise

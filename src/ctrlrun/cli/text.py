@@ -11,7 +11,9 @@ from typing import Any, TextIO
 
 import click
 
-__all__ = ["compact_json", "reader_gone", "reset_output", "safe", "say", "say_raw", "say_prose"]
+__all__ = [
+    "compact_json", "reader_left", "reader_gone", "reset_output", "safe", "say", "say_raw", "say_prose",
+]  # fmt: skip
 
 _closed: set[str] = set()  # "out", "err": streams whose reader went away during this command
 
@@ -58,15 +60,19 @@ def _silence(stream: TextIO) -> None:
         os.close(null)
 
 
+def reader_left(*, err: bool = False) -> None:
+    """Note that a stream's reader closed the pipe: write nothing more to it."""
+    _closed.add("err" if err else "out")
+    _silence(sys.stderr if err else sys.stdout)
+
+
 def _echo(line: str, *, err: bool, color: bool | None = None) -> None:
-    name = "err" if err else "out"
-    if name in _closed:
+    if ("err" if err else "out") in _closed:
         return
     try:
         click.echo(line, err=err, color=color)
     except BrokenPipeError:
-        _closed.add(name)
-        _silence(sys.stderr if err else sys.stdout)
+        reader_left(err=err)
 
 
 def say(line: str = "", *, err: bool = False) -> None:
