@@ -105,7 +105,7 @@ def _effect_document(record: EffectRecord, now: datetime) -> dict[str, Any]:
 @click.pass_obj
 def effects(settings: Settings, state: str | None, as_json: bool, store_url: str | None) -> None:
     """List effect records in creation order."""
-    with open_operator_store(settings, store_url) as store:
+    with open_operator_store(settings, store_url, read_only=True) as store:
         records = () if state == EffectState.NEW.value else store.list_effects(state)
     if not records:
         say_prose("no effects yet" if state is None else f"no effects are {state}", as_json=as_json)

@@ -85,7 +85,7 @@ def _pending_line(record: ApprovalRecord, key: str | None, state: str | None) ->
 @click.pass_obj
 def pending(settings: Settings, as_json: bool, store_url: str | None) -> None:
     """List approval requests waiting for a human, oldest first, with each one's effect state."""
-    with open_operator_store(settings, store_url) as store:
+    with open_operator_store(settings, store_url, read_only=True) as store:
         records = store.pending_approvals()
         if not records:
             say_prose("no pending requests", as_json=as_json)

@@ -75,7 +75,7 @@ def _print_report(report: ChainReport, as_json: bool) -> None:
 def receipts(settings: Settings, last: int | None, as_json: bool, check_chain: bool,
              store_url: str | None) -> None:  # fmt: skip
     """Show receipts in chain order, or check the chain with --verify-chain."""
-    with open_operator_store(settings, store_url) as store:
+    with open_operator_store(settings, store_url, read_only=True) as store:
         if check_chain:
             report = verify_chain(store)
         else:
