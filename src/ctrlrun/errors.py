@@ -266,4 +266,7 @@ class MissingDependency(CTRLRunError, ImportError):
         super().__init__(message)
 
     def _default_message(self) -> str:
-        return f"{self.module} is not installed; pip install 'ctrlrun[{self.extra}]'"
+        return (
+            f"{self.module} is not installed: run pip install '.[{self.extra}]' from the root of "
+            "your ctrlrun clone (the 'ctrlrun' on PyPI is another project)"
+        )
