@@ -341,3 +341,34 @@ def test_missing_dependency_says_how_to_install_from_the_clone() -> None:
     message = str(MissingDependency(module="psycopg", extra="postgres"))
     assert "pip install '.[postgres]' from the root of your ctrlrun clone" in message
     assert "ctrlrun[postgres]" not in message
+
+
+def test_recovery_page_says_what_the_chain_covers(tmp_path: Path) -> None:
+    """An edit of the effects, approvals or events tables leaves the receipt chain intact, so the
+    page must not promise the chain shows it."""
+    import sqlite3
+
+    from ctrlrun import Control, SQLiteStateStore
+    from ctrlrun.receipt import verify_chain
+
+    db = tmp_path / "state.db"
+    store = SQLiteStateStore(db)
+    control = Control(Policy.from_file(ROOT / "ctrlrun.yaml"), store)
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        return None
+
+    with ctrlrun.context(agent="support-agent"):
+        refund(payment_id="txn_1", amount=100)
+        with pytest.raises(ctrlrun.ApprovalRequired):
+            refund(payment_id="txn_2", amount=500_000)
+    with sqlite3.connect(db) as tamper:
+        tamper.execute("UPDATE effects SET state = 'failed'")  # would let the refund run again
+        tamper.execute("UPDATE approvals SET status = 'granted'")
+        tamper.execute("DELETE FROM events")
+    assert verify_chain(store).ok  # nothing in the chain shows it
+    store.close()
+    text = " ".join((DOCS / "recovery.md").read_text(encoding="utf-8").split())
+    assert "chain will show the edit" not in text
+    assert "the effects, approvals and events tables are not chained" in text
