@@ -252,8 +252,9 @@ class SchemaMismatch(CTRLRunError):
 
     def _default_message(self) -> str:
         return (
-            f"store schema {list(self.applied)} is not one ctrlrun {self.running} knows "
-            f"({list(self.known)}); upgrade ctrlrun"
+            f"the store's migrations {list(self.applied)} are not ones ctrlrun {self.running} "
+            f"knows ({list(self.known)}): it was written by another program or version; point "
+            "ctrlrun at another path, or open it with the program that wrote it"
         )
 
 
