@@ -76,12 +76,12 @@ def _missing_database(url: str) -> InvalidArgument | None:
 
 def _open_read_only(url: str, settings: Settings) -> StateStore:
     """A SQLite store opened for reading only; a snapshot read is said on stderr."""
-    store = SQLiteStateStore(url[len(_SQLITE) :], clock=settings.clock, migrate=False, read_only=True)
-    if store.snapshot:
-        say(f"note: {store.path} is read as a snapshot: SQLite cannot share it with its writers "
+    sqlite = SQLiteStateStore(url[len(_SQLITE) :], clock=settings.clock, migrate=False, read_only=True)
+    if sqlite.snapshot:  # a SQLite store's own property, not the StateStore protocol's
+        say(f"note: {sqlite.path} is read as a snapshot: SQLite cannot share it with its writers "
             "from here (it has no -shm file and its directory cannot be written), so writes made "
             "meanwhile are not seen", err=True)  # fmt: skip
-    return store
+    return sqlite
 
 
 @contextmanager
