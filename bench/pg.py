@@ -60,7 +60,9 @@ class Postgres:
         try:
             import psycopg
         except ImportError:
-            self.unavailable = "psycopg 3 is not installed (pip install 'ctrlrun[postgres]')"
+            self.unavailable = (
+                "psycopg 3 is not installed (pip install '.[postgres]' from the root of your ctrlrun clone)"
+            )
             return
         self._psycopg = psycopg
         try:

@@ -12,6 +12,7 @@ from ctrlrun._time import format_ts
 from ctrlrun.receipt import EventType
 
 from ._cli_helpers import invoke, later
+from .vectors import ROOT
 
 SPEC_HASH = "sha256:22ec1c398e4b93d080b6cba61e5e11b0e21879552ac5dbf63c192d2b2e6af752"
 
@@ -117,7 +118,15 @@ def test_at_exactly_its_expiry_it_can_still_be_granted(project):
 # ------------------------------------------------------------------- pending
 
 
-def test_pending_lists_open_requests_oldest_first(project):
+@pytest.fixture
+def policy_file(project):
+    """The starter policy beside the store, where the CLI looks for it (./ctrlrun.yaml)."""
+    path = project.directory / "ctrlrun.yaml"
+    path.write_bytes((ROOT / "ctrlrun.yaml").read_bytes())
+    return path
+
+
+def test_pending_lists_open_requests_oldest_first(project, policy_file):
     first = project.request(payment_id="txn_2", amount=500_000)
     project.clock.advance(seconds=1)
     second = project.request(agent="ops-agent", payment_id="txn_3", amount=60_000)
@@ -131,15 +140,46 @@ def test_pending_lists_open_requests_oldest_first(project):
     assert result.code == 0, result.err
     assert result.lines == [
         f"{first}  stripe.refund  support-agent  {SPEC_HASH}  expires 2026-11-30T09:15:00.000Z  "
-        '{"amount":500000,"payment_id":"txn_2"}',
+        'refund:txn_2  new  {"amount":500000,"payment_id":"txn_2"}',
         f"{second}  stripe.refund  ops-agent  {records[second].action_hash}  "
-        'expires 2026-11-30T09:15:01.000Z  {"amount":60000,"payment_id":"txn_3"}',
+        'expires 2026-11-30T09:15:01.000Z  refund:txn_3  new  {"amount":60000,"payment_id":"txn_3"}',
         f"{third_id}  stripe.refund  support-agent/alice  {records[third_id].action_hash}  "
-        'expires 2026-11-30T09:15:02.000Z  {"amount":70000,"payment_id":"txn_5"}',
+        'expires 2026-11-30T09:15:02.000Z  refund:txn_5  new  {"amount":70000,"payment_id":"txn_5"}',
+    ]
+    assert result.err == ""
+
+
+def test_pending_shows_when_the_effect_already_happened(project, policy_file):
+    request_id = project.request(payment_id="txn_2", amount=500_000)
+    project.call(payment_id="txn_2", amount=1_000)  # another call took refund:txn_2 meanwhile
+    project.clock.advance(seconds=1)
+    ambiguous_id = project.request(payment_id="txn_4", amount=500_000)
+    project.ambiguous("txn_4")  # after it was asked: now no request would be created
+    result = invoke(["pending"], clock=project.clock)
+    assert result.code == 0, result.err
+    assert [line.split("  ")[5:7] for line in result.lines] == [
+        ["refund:txn_2", "committed"],
+        ["refund:txn_4", "ambiguous"],
+    ]
+    documents = [json.loads(line) for line in invoke(["pending", "--json"], clock=project.clock).lines]
+    assert [(d["request_id"], d["effect_key"], d["effect_state"]) for d in documents] == [
+        (request_id, "refund:txn_2", "committed"),
+        (ambiguous_id, "refund:txn_4", "ambiguous"),
     ]
 
 
-def test_pending_json(project):
+def test_pending_without_a_policy_says_why_keys_are_missing(project):
+    project.request(payment_id="txn_2", amount=500_000)
+    result = invoke(["pending"], clock=project.clock)
+    assert result.code == 0
+    assert result.lines[0].endswith('expires 2026-11-30T09:15:00.000Z  -  -  {"amount":500000,"payment_id":"txn_2"}')
+    assert "effect keys are not shown" in result.err and "ctrlrun.yaml" in result.err
+    assert "CTRLRUN_CONFIG" in result.err
+    document = json.loads(invoke(["pending", "--json"], clock=project.clock).lines[0])
+    assert (document["effect_key"], document["effect_state"]) == (None, None)
+
+
+def test_pending_json(project, policy_file):
     request_id = project.request(payment_id="txn_2", amount=500_000)
     record = project.store.get_approval(request_id)
     result = invoke(["pending", "--json"], clock=project.clock)
@@ -148,7 +188,7 @@ def test_pending_json(project):
     document = json.loads(line)
     assert list(document) == [
         "request_id", "action_id", "action", "action_hash", "arguments", "resource",
-        "environment", "principal", "created_at", "expires_at",
+        "environment", "principal", "created_at", "expires_at", "effect_key", "effect_state",
     ]  # fmt: skip
     assert document == {
         "request_id": request_id,
@@ -161,6 +201,8 @@ def test_pending_json(project):
         "principal": {"agent": "support-agent", "user": None},
         "created_at": "2026-11-30T09:00:00.000Z",
         "expires_at": "2026-11-30T09:15:00.000Z",
+        "effect_key": "refund:txn_2",
+        "effect_state": "new",
     }
     assert line == json.dumps(document, separators=(",", ":"), ensure_ascii=False)
 
@@ -181,6 +223,7 @@ def test_pending_hides_answered_and_lapsed_requests_and_writes_nothing(project):
 
 
 def test_pending_empty(project):
-    for flags in ([], ["--json"]):
-        result = invoke(["pending", *flags], clock=project.clock)
-        assert result.code == 0 and result.out == "no pending requests\n"
+    result = invoke(["pending"], clock=project.clock)
+    assert result.code == 0 and result.out == "no pending requests\n"
+    result = invoke(["pending", "--json"], clock=project.clock)  # stdout is for programs only
+    assert (result.code, result.out, result.err) == (0, "", "no pending requests\n")

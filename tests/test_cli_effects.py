@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
 
 import ctrlrun
 from ctrlrun import EffectState
+from ctrlrun._time import format_ts
 from ctrlrun.receipt import EventType
 
 from ._cli_helpers import invoke, later
@@ -128,8 +130,46 @@ def test_effects_filters_by_state(project):
     assert invoke(["effects", "--state", "new"], clock=project.clock).out == "no effects are new\n"
 
 
+def test_effects_json(project):
+    project.call(payment_id="txn_1", amount=100)
+    project.clock.advance(seconds=1)
+    key = project.ambiguous("txn_2")
+    project.clock.advance(seconds=1)
+    project.store.reserve_effect("job:run", "act_holder", lease=timedelta(minutes=5))
+    project.store.begin_execution("job:run", "act_holder")
+    invoke(["resolve", key, "--committed"], clock=project.clock)
+    one, two = project.store.get_effect("refund:txn_1"), project.store.get_effect(key)
+    result = invoke(["effects", "--json"], clock=later(project.clock, minutes=5, seconds=1))
+    assert result.code == 0 and result.err == ""
+    documents = [json.loads(line) for line in result.lines]
+    assert list(documents[0]) == [
+        "effect_key", "state", "attempt", "action_id", "created_at", "updated_at",
+        "lease_expires_at", "lease_expired", "resolved_by", "error",
+    ]  # fmt: skip
+    assert documents == [
+        {"effect_key": "refund:txn_1", "state": "committed", "attempt": 1, "action_id": one.action_id,
+         "created_at": "2026-11-30T09:00:00.000Z", "updated_at": "2026-11-30T09:00:00.000Z",
+         "lease_expires_at": None, "lease_expired": False, "resolved_by": None, "error": None},
+        {"effect_key": "refund:txn_2", "state": "committed", "attempt": 1, "action_id": two.action_id,
+         "created_at": "2026-11-30T09:00:01.000Z", "updated_at": format_ts(two.updated_at),
+         "lease_expires_at": None, "lease_expired": False, "resolved_by": "cli:local",
+         "error": two.error},
+        {"effect_key": "job:run", "state": "executing", "attempt": 1, "action_id": "act_holder",
+         "created_at": "2026-11-30T09:00:02.000Z", "updated_at": "2026-11-30T09:00:02.000Z",
+         "lease_expires_at": "2026-11-30T09:05:02.000Z", "lease_expired": True, "resolved_by": None,
+         "error": None},
+    ]  # fmt: skip
+    assert all(line == json.dumps(d, separators=(",", ":"), ensure_ascii=False)
+               for line, d in zip(result.lines, documents))  # fmt: skip
+    filtered = invoke(["effects", "--json", "--state", "executing"], clock=project.clock)
+    assert [json.loads(line)["effect_key"] for line in filtered.lines] == ["job:run"]
+
+
 def test_effects_empty(project):
     assert invoke(["effects"], clock=project.clock).out == "no effects yet\n"
+    for flags, note in ((["--json"], "no effects yet\n"), (["--json", "--state", "new"], "no effects are new\n")):
+        result = invoke(["effects", *flags], clock=project.clock)  # stdout is for programs only
+        assert (result.code, result.out, result.err) == (0, "", note)
 
 
 def test_effects_rejects_an_unknown_state(project):

@@ -62,9 +62,12 @@ def test_last_must_be_a_positive_integer(chain, value):
 
 
 def test_empty_store(project):
-    for flags in ([], ["--json"], ["--last", "3"]):
+    for flags in ([], ["--last", "3"]):
         result = invoke(["receipts", *flags])
         assert result.code == 0 and result.out == "no receipts yet\n"
+    for flags in (["--json"], ["--json", "--last", "3"]):  # stdout is for programs only
+        result = invoke(["receipts", *flags])
+        assert (result.code, result.out, result.err) == (0, "", "no receipts yet\n")
 
 
 def test_json_lines_are_the_stored_documents_byte_for_byte(chain):

@@ -91,6 +91,9 @@ def test_approve_in_a_real_process(tmp_path):
         (["receipts", "--last", "0"], 2),
         (["resolve", "k"], 2),
         (["nosuch"], 2),
+        (["approve", "apr_x", "--set", "amount"], 2),  # no '=': a usage error, whatever the store
+        (["approve", "apr_x", "--arguments", "[1]"], 2),  # not a JSON object
+        (["approve", "apr_x", "--arguments", "{bad"], 2),
         (["policy", "check"], 1),  # no ctrlrun.yaml
     ],
 )
@@ -111,3 +114,47 @@ def test_blank_variable_in_a_real_process(tmp_path):
 def test_the_installed_script(tmp_path):
     done = subprocess.run(["ctrlrun", "--version"], capture_output=True, text=True, env=_env())
     assert done.returncode == 0 and done.stdout.startswith("ctrlrun, version ")
+
+
+# --------------------------------------------------------------------------- a reader that stops early
+
+
+def _store_with_receipts(directory: Path, count: int) -> None:
+    store = SQLiteStateStore(directory / ".ctrlrun" / "state.db", durability="normal")
+    control = Control(starter_policy(), store, environment="production")
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        return None
+
+    with ctrlrun.context(agent="support-agent"):
+        for n in range(count):
+            refund(payment_id=f"txn_{n}", amount=100)
+    store.close()
+
+
+@pytest.mark.parametrize("args", [["receipts"], ["receipts", "--json"], ["effects"], ["effects", "--json"],
+                                  ["receipts", "--verify-chain"], ["--help"], ["receipts", "--help"],
+                                  ["--version"]])  # fmt: skip
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path, args):
+    _store_with_receipts(tmp_path, 3)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line: every write meets EPIPE
+    try:
+        done = subprocess.run([*_command(), *args], cwd=tmp_path, env=_env(), stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("head") is None, reason="needs bash and head")
+@pytest.mark.parametrize("module", ["ctrlrun", "ctrlrun.cli"])
+def test_receipts_piped_into_head(tmp_path, module):
+    _store_with_receipts(tmp_path, 120)  # more than a pipe buffer holds, so the writer outlives head
+    done = subprocess.run(
+        ["bash", "-c", f'set -o pipefail; "{sys.executable}" -m {module} receipts --json | head -1'],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith('{"schema":"ctrlrun.receipt/') and done.stdout.count("\n") == 1

@@ -295,3 +295,80 @@ def test_cli_reference_covers_every_command_and_option() -> None:
 
     walk(cli, [])
     assert not missing, f"docs/cli.md does not mention {missing}"
+
+
+#: ``pip install`` lines that install something other than this clone on purpose.
+OTHER_PACKAGES = {
+    "docs/performance.md": "ctrlrun==0.12.2",  # the published release, the benchmark's reference, in its own venv
+}
+PIP_INSTALL = re.compile(r"pip install((?:[ \t]+(?!#)[^\s`)]+)+)")
+
+
+def _is_path(target: str) -> bool:
+    return target.startswith((".", "/")) or "/" in target  # a name on PyPI has no '/'
+
+
+def _install_targets(tokens: list[str]) -> list[str]:
+    """What a ``pip install`` names: its first argument after the flags, and the paths after it."""
+    targets: list[str] = []
+    for token in (t.strip("'\"") for t in tokens):
+        if token.startswith("-"):
+            continue
+        if targets and not _is_path(token):
+            break  # prose after the command
+        targets.append(token)
+    return targets
+
+
+def test_every_install_line_installs_this_clone() -> None:
+    """``pip install 'ctrlrun[postgres]'`` fetches another project of that name from PyPI: every
+    install line names a path in the clone (``.``, ``'.[postgres]'``, ``./adapters/…``)."""
+    files = [ROOT / "README.md", ROOT / "DEVELOPERS.md", *DOCS.glob("*.md"), *ROOT.glob("examples/*/README.md"),
+             *ROOT.glob("adapters/*/README.md"), *ROOT.glob("src/ctrlrun/**/*.py"), *ROOT.glob("bench/*.py")]  # fmt: skip
+    wrong = []
+    for path in files:
+        name = str(path.relative_to(ROOT))
+        for match in PIP_INSTALL.finditer(path.read_text(encoding="utf-8")):
+            for target in _install_targets(match.group(1).split()):
+                if not _is_path(target) and OTHER_PACKAGES.get(name) != target:
+                    wrong.append(f"{name}: pip install {target}")
+    assert not wrong, "install lines that do not install this clone:\n" + "\n".join(wrong)
+
+
+def test_missing_dependency_says_how_to_install_from_the_clone() -> None:
+    from ctrlrun.errors import MissingDependency
+
+    message = str(MissingDependency(module="psycopg", extra="postgres"))
+    assert "pip install '.[postgres]' from the root of your ctrlrun clone" in message
+    assert "ctrlrun[postgres]" not in message
+
+
+def test_recovery_page_says_what_the_chain_covers(tmp_path: Path) -> None:
+    """An edit of the effects, approvals or events tables leaves the receipt chain intact, so the
+    page must not promise the chain shows it."""
+    import sqlite3
+
+    from ctrlrun import Control, SQLiteStateStore
+    from ctrlrun.receipt import verify_chain
+
+    db = tmp_path / "state.db"
+    store = SQLiteStateStore(db)
+    control = Control(Policy.from_file(ROOT / "ctrlrun.yaml"), store)
+
+    @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", control=control)
+    def refund(payment_id: str, amount: int) -> None:
+        return None
+
+    with ctrlrun.context(agent="support-agent"):
+        refund(payment_id="txn_1", amount=100)
+        with pytest.raises(ctrlrun.ApprovalRequired):
+            refund(payment_id="txn_2", amount=500_000)
+    with sqlite3.connect(db) as tamper:
+        tamper.execute("UPDATE effects SET state = 'failed'")  # would let the refund run again
+        tamper.execute("UPDATE approvals SET status = 'granted'")
+        tamper.execute("DELETE FROM events")
+    assert verify_chain(store).ok  # nothing in the chain shows it
+    store.close()
+    text = " ".join((DOCS / "recovery.md").read_text(encoding="utf-8").split())
+    assert "chain will show the edit" not in text
+    assert "the effects, approvals and events tables are not chained" in text

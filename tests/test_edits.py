@@ -184,3 +184,53 @@ def test_cli_approve_with_arguments_json(world, clock):
     assert store.get_approval(request_id).approved_arguments == {"amount": 123456, "payment_id": "txn_9"}
     bad = invoke(["approve", ask(refund, payment_id="txn_8"), "--arguments", "{nope"], clock=clock)
     assert bad.code == 2
+
+
+def test_cli_edit_naming_an_argument_the_request_lacks_is_refused_before_granting(world, clock):
+    store, _, _, refund, calls = world
+    request_id = ask(refund)
+    events = len(store.events())
+    refused = invoke(["approve", request_id, "--set", "amout=40000"], clock=clock)
+    assert refused.code == 1
+    assert "has no argument 'amout'" in refused.err
+    assert "its arguments are amount, payment_id" in refused.err and "--allow-new-arguments" in refused.err
+    as_object = invoke(["approve", request_id, "--arguments", '{"payment_id": "txn_9", "amout": 1}'],
+                       clock=clock)  # fmt: skip
+    assert as_object.code == 1 and "has no argument 'amout'" in as_object.err
+    assert store.get_approval(request_id).status == "pending"
+    assert len(store.events()) == events  # nothing granted, nothing recorded
+
+    done = invoke(["approve", request_id, "--set", "amount=40000"], clock=clock)
+    assert done.code == 0, done.err
+    with context(agent="support-agent"), with_approval(request_id):
+        assert refund("txn_9", 40_000) == "re_txn_9_40000"
+    assert calls == [("txn_9", 40_000)]
+
+
+def test_cli_allow_new_arguments_adds_a_name_on_purpose(world, clock):
+    store, _, _, refund, _ = world
+    request_id = ask(refund)
+    done = invoke(["approve", request_id, "--set", "note=late", "--allow-new-arguments"], clock=clock)
+    assert done.code == 0, done.err
+    assert "changed note: (absent) → \"late\"" in done.lines
+    assert store.get_approval(request_id).approved_arguments["note"] == "late"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        ["--set", "amount"],  # no '='
+        ["--set", "=5"],  # no name
+        ["--set", "amount=1.5"],  # a float
+        ["--arguments", "{nope"],  # not JSON
+        ["--arguments", "[1, 2]"],  # not an object
+        ["--arguments", '"amount"'],
+    ],
+)
+def test_cli_malformed_edits_are_usage_errors(world, clock, edit):
+    store, _, _, refund, _ = world
+    request_id = ask(refund)
+    refused = invoke(["approve", request_id, *edit], clock=clock)
+    assert refused.code == 2, refused.err
+    assert "Usage:" in refused.err and edit[0] in refused.err
+    assert store.get_approval(request_id).status == "pending"

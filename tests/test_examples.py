@@ -3,6 +3,8 @@
 - Every ``examples/*/main.py`` (except the two adapter examples, which their adapters' suites run
   against the real frameworks) runs in a temporary copy of its directory, as a subprocess with
   the ``ctrlrun`` under test on ``PYTHONPATH``, and must exit 0 and print its key lines in order.
+- Every example, the adapter ones too where their adapter is installed, runs twice in a row in
+  one copy (its ``.ctrlrun/`` kept) and exits 0 both times: a user runs it again.
 - Every starter policy in ``examples/policies/`` loads, builds a ``Control`` (so it uses only what
   this version enforces), passes ``ctrlrun policy check``, and decides a few calls as its
   comments say.
@@ -10,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -36,6 +39,14 @@ ADAPTER_EXAMPLES = {
     "openai-agents-support": "adapters/openai-agents/tests/test_agents_example.py",
 }
 APR = r"apr_[0-9a-f]{32}"
+#: What each adapter example imports besides ctrlrun; without it the example is skipped here.
+ADAPTER_MODULES = {"langgraph-refund": "ctrlrun_langgraph", "openai-agents-support": "ctrlrun_openai_agents"}
+#: Lines the second run of a kept-state example prints (the effects happened once, the first time).
+SECOND_RUN_LINES = {
+    "langgraph-refund": [r"txn_1: not run again \(committed\)", r"stripe was called for: nothing"],
+    "openai-agents-support": [r"txn_1: not run again \(committed\)", r"txn_2: not run again \(committed\)",
+                              r"stripe was called for: nothing"],  # fmt: skip
+}
 
 #: For each program: lines (regular expressions, matched whole) that must appear, in this order.
 KEY_LINES: dict[str, list[str]] = {
@@ -113,12 +124,17 @@ def assert_lines_in_order(output: str, expected: list[str]) -> None:
         position += 1
 
 
-@pytest.mark.parametrize("name", sorted(KEY_LINES))
-def test_example_runs(name: str, tmp_path: Path) -> None:
+def copy_example(name: str, tmp_path: Path) -> Path:
     copy = tmp_path / name
     shutil.copytree(EXAMPLES / name, copy, ignore=shutil.ignore_patterns(".ctrlrun", "__pycache__"))
+    return copy
+
+
+def run_example(name: str, copy: Path) -> str:
+    """``python main.py`` in ``copy``; its stdout, once it exited 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTRLRUN_")}
     env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(OPENAI_API_KEY="", OPENAI_AGENTS_DISABLE_TRACING="1")  # the agents example is offline
     done = subprocess.run(
         [sys.executable, "main.py"],
         cwd=copy,
@@ -129,8 +145,25 @@ def test_example_runs(name: str, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, f"examples/{name}/main.py exited {done.returncode}\n{done.stderr}"
-    assert_lines_in_order(done.stdout, KEY_LINES[name])
+    return done.stdout
+
+
+@pytest.mark.parametrize("name", sorted(KEY_LINES))
+def test_example_runs(name: str, tmp_path: Path) -> None:
+    copy = copy_example(name, tmp_path)
+    assert_lines_in_order(run_example(name, copy), KEY_LINES[name])
     assert (copy / ".ctrlrun" / "state.db").is_file()
+
+
+@pytest.mark.parametrize("name", programs())
+def test_example_runs_twice_in_a_row(name: str, tmp_path: Path) -> None:
+    module = ADAPTER_MODULES.get(name)
+    if module is not None and importlib.util.find_spec(module) is None:
+        pytest.skip(f"examples/{name} needs {module} (bash adapters/run-tests.sh installs it)")
+    copy = copy_example(name, tmp_path)
+    run_example(name, copy)
+    second = run_example(name, copy)  # the state of the first run is still there
+    assert_lines_in_order(second, KEY_LINES.get(name) or SECOND_RUN_LINES[name])
 
 
 # --------------------------------------------------------------------------- starter policies

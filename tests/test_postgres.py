@@ -122,7 +122,7 @@ def test_missing_driver_is_missing_dependency():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("psycopg postgres True ")
-    assert "ctrlrun[postgres]" in done.stdout
+    assert "pip install '.[postgres]' from the root of your ctrlrun clone" in done.stdout
     assert issubclass(MissingDependency, CTRLRunError)
 
 

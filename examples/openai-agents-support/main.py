@@ -4,7 +4,8 @@
     python main.py --reject    # the support lead rejects it
 
 Runs offline: a scripted Model stands in for the LLM; the SDK's approval machinery is real.
-State lives in .ctrlrun/state.db; delete that directory to start over.
+State lives in .ctrlrun/state.db, so a second run refunds nothing again; delete that directory to
+start over.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
-from ctrlrun import ActionDenied, Control, Policy, SQLiteStateStore, protect
+from ctrlrun import ActionDenied, Control, DuplicateEffect, Policy, SQLiteStateStore, protect
 from ctrlrun.adapter import InterruptApprovalProvider
 from ctrlrun.identity import StaticIdentityProvider
 
@@ -88,6 +89,8 @@ def conversation(payment_id: str, amount: int, approve: bool) -> None:
         print(f"{payment_id}: agent says: {result.final_output}")
     except ActionDenied as refused:
         print(f"{payment_id}: refused ({refused.reason})")
+    except DuplicateEffect as duplicate:  # a second run: the refund already happened once
+        print(f"{payment_id}: not run again ({duplicate.state})")
 
 
 if __name__ == "__main__":

@@ -298,8 +298,9 @@ class SchemaMismatch(StoreError):
 
     def _default_message(self) -> str:
         return (
-            f"store schema {list(self.applied)} is not one ctrlrun {self.running} knows "
-            f"({list(self.known)}); upgrade ctrlrun"
+            f"the store's migrations {list(self.applied)} are not ones ctrlrun {self.running} "
+            f"knows ({list(self.known)}): it was written by another program or version; point "
+            "ctrlrun at another path, or open it with the program that wrote it"
         )
 
 
@@ -312,7 +313,10 @@ class MissingDependency(UsageError, ImportError):
         super().__init__(message)
 
     def _default_message(self) -> str:
-        return f"{self.module} is not installed; pip install 'ctrlrun[{self.extra}]'"
+        return (
+            f"{self.module} is not installed: run pip install '.[{self.extra}]' from the root of "
+            "your ctrlrun clone (the 'ctrlrun' on PyPI is another project)"
+        )
 
 
 class ClockSkew(StoreError):

@@ -9,13 +9,14 @@ import click
 
 from .. import __version__
 from ..errors import CTRLRunError
-from .commands_approvals import approve, deny, pending
+from .commands_approvals import approve, deny
 from .commands_effects import effects, resolve
+from .commands_pending import pending
 from .commands_policy import init, policy
 from .commands_receipts import receipts
 from .demo import demo
 from .stores import Settings
-from .text import safe
+from .text import reader_left, reset_output, safe
 
 __all__ = ["cli"]
 
@@ -23,7 +24,8 @@ log = logging.getLogger("ctrlrun.cli")
 
 
 class CtrlrunGroup(click.Group):
-    """A group whose commands never show a traceback: refusals exit 1, usage errors exit 2."""
+    """A group whose commands never show a traceback: refusals exit 1, usage errors exit 2, and
+    a reader closing the pipe ends the command quietly."""
 
     def make_context(
         self, info_name: str | None, args: list[str], parent: Any = None, **extra: Any
@@ -33,12 +35,18 @@ class CtrlrunGroup(click.Group):
         except click.ClickException as exc:
             setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise
+        except BrokenPipeError:  # --help or --version into a closed pipe
+            reader_left()
+            raise click.exceptions.Exit(0) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:  # only click's own output (a command's --help) gets here
+            reader_left()
+            raise click.exceptions.Exit(0) from None
         except click.ClickException as exc:
             setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise
@@ -56,6 +64,7 @@ class CtrlrunGroup(click.Group):
 def cli(ctx: click.Context) -> None:
     """ctrlrun: answer approvals, settle unknown outcomes, read and verify receipts."""
     ctx.ensure_object(Settings)
+    reset_output()
 
 
 for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy):

@@ -1,4 +1,4 @@
-"""``approve``, ``deny`` and ``pending``: a human answers approval requests and lists open ones."""
+"""``approve`` and ``deny``: a human answers an approval request, as asked or with edits."""
 
 from __future__ import annotations
 
@@ -8,17 +8,16 @@ from typing import Any
 import click
 
 from .._time import format_ts
-from ..action import canonical_bytes
 from ..approvals import ApprovalRecord, ApprovalStatus
 from .._default import policy_path as settings_policy_path
 from ..edits import edited_arguments, grant_with_edits, parse_assignments
-from ..errors import ApprovalMismatch, CTRLRunError
+from ..errors import ApprovalMismatch, CTRLRunError, InvalidArgument
 from ..policy import Policy
 from ..answers import answer_events
 from .stores import Settings, open_operator_store, store_url_option
-from .text import compact_json, say, say_raw
+from .text import compact_json, say
 
-__all__ = ["approve", "deny", "pending"]
+__all__ = ["CLI_ANSWERER", "approve", "deny"]
 
 CLI_ANSWERER = "cli:local"
 
@@ -35,22 +34,49 @@ def _refusal(request_id: str, before: ApprovalRecord | None, exc: ApprovalMismat
     return CTRLRunError(f"approval request {request_id} is already {exc.reason}; a request is answered once")
 
 
+def _assignments(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, Any]:
+    """``--set NAME=VALUE`` options, parsed; a malformed one is a usage error."""
+    try:
+        return parse_assignments(value)
+    except InvalidArgument as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _replacement(ctx: click.Context, param: click.Parameter, value: str | None) -> dict[str, Any] | None:
+    """``--arguments JSON``, parsed; anything but a JSON object is a usage error."""
+    if value is None:
+        return None
+    try:
+        parsed = json.loads(value)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise click.BadParameter(
+            f"give a JSON object of argument names to values, not a JSON {type(parsed).__name__}, "
+            "e.g. --arguments '{\"amount\": 40000}'"
+        )
+    return parsed
+
+
 @click.command()
 @click.argument("request_id")
-@click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE",
+@click.option("--set", "assignments", multiple=True, metavar="NAME=VALUE", callback=_assignments,
               help="Approve with this argument changed (repeatable; VALUE is JSON or text). "
                    "The edited action is checked against the policy again.")  # fmt: skip
-@click.option("--arguments", "arguments_json", metavar="JSON", default=None,
+@click.option("--arguments", "replace_all", metavar="JSON", default=None, callback=_replacement,
               help="Approve with these arguments instead (a JSON object); --set applies on top.")
+@click.option("--allow-new-arguments", "allow_new", is_flag=True,
+              help="Let --set and --arguments add names the request's arguments do not have.")
 @store_url_option
 @click.pass_obj
-def approve(settings: Settings, request_id: str, assignments: tuple[str, ...],
-            arguments_json: str | None, store_url: str | None) -> None:  # fmt: skip
+def approve(settings: Settings, request_id: str, assignments: dict[str, Any],
+            replace_all: dict[str, Any] | None, allow_new: bool,
+            store_url: str | None) -> None:  # fmt: skip
     """Grant a pending approval request (recorded as cli:local), as asked or with edits."""
     with open_operator_store(settings, store_url) as store:
         before = store.get_approval(request_id)
-        if assignments or arguments_json is not None:
-            _approve_with_edits(settings, store, request_id, before, assignments, arguments_json)
+        if assignments or replace_all is not None:
+            _approve_with_edits(settings, store, request_id, before, assignments, replace_all, allow_new)
             return
         try:
             approval = store.grant_approval(request_id, CLI_ANSWERER, events=answer_events(CLI_ANSWERER))
@@ -66,19 +92,28 @@ def approve(settings: Settings, request_id: str, assignments: tuple[str, ...],
         say(f"expires {format_ts(approval.expires_at)}")
 
 
+def _check_names(request_id: str, record: ApprovalRecord, arguments: dict[str, Any]) -> None:
+    """Refuse an edit naming an argument the request does not have: the call could not take it."""
+    known = record.request.action.canonical_arguments
+    new = sorted(name for name in arguments if name not in known)
+    if new:
+        raise InvalidArgument(
+            f"approval request {request_id} ({record.request.action.name}) has no argument "
+            f"{', '.join(repr(name) for name in new)}; its arguments are "
+            f"{', '.join(sorted(known)) or '(none)'}. Fix the name, or pass "
+            "--allow-new-arguments to add it; nothing was granted"
+        )
+
+
 def _approve_with_edits(settings: Settings, store: Any, request_id: str,
-                        before: ApprovalRecord | None, assignments: tuple[str, ...],
-                        arguments_json: str | None) -> None:  # fmt: skip
+                        before: ApprovalRecord | None, assignments: dict[str, Any],
+                        replace_all: dict[str, Any] | None, allow_new: bool) -> None:  # fmt: skip
     """Grant with edited arguments, re-checked by the policy the agents run under."""
     if before is None:
         raise _refusal(request_id, before, ApprovalMismatch(reason="unknown"))
-    replace_all = None
-    if arguments_json is not None:
-        try:
-            replace_all = json.loads(arguments_json)
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON ({exc})", param_hint="--arguments") from None
-    arguments = edited_arguments(before, replace_all, parse_assignments(assignments))
+    arguments = edited_arguments(before, replace_all, assignments)
+    if not allow_new:
+        _check_names(request_id, before, arguments)
     policy = Policy.from_file(settings_policy_path())
     try:
         approval, record = grant_with_edits(store, request_id, CLI_ANSWERER, arguments, policy=policy,
@@ -107,49 +142,3 @@ def deny(settings: Settings, request_id: str, store_url: str | None) -> None:
         except ApprovalMismatch as exc:
             raise _refusal(request_id, before, exc) from None
         say(f"denied {request_id}")
-
-
-def _pending_document(record: ApprovalRecord) -> dict[str, Any]:
-    action = record.request.action
-    return {
-        "request_id": record.approval_id,
-        "action_id": action.action_id,
-        "action": action.name,
-        "action_hash": record.action_hash,
-        "arguments": action.canonical_arguments,
-        "resource": action.resource,
-        "environment": action.environment,
-        "principal": {"agent": action.principal.agent, "user": action.principal.user},
-        "created_at": format_ts(record.request.created_at),
-        "expires_at": format_ts(record.expires_at),
-    }
-
-
-def _pending_line(record: ApprovalRecord) -> str:
-    action = record.request.action
-    who = action.principal.agent
-    if action.principal.user is not None:
-        who += "/" + action.principal.user
-    arguments = canonical_bytes(action.canonical_arguments).decode("utf-8")
-    return (
-        f"{record.approval_id}  {action.name}  {who}  {record.action_hash}  "
-        f"expires {format_ts(record.expires_at)}  {arguments}"
-    )
-
-
-@click.command()
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-@store_url_option
-@click.pass_obj
-def pending(settings: Settings, as_json: bool, store_url: str | None) -> None:
-    """List approval requests waiting for a human, oldest first."""
-    with open_operator_store(settings, store_url) as store:
-        records = store.pending_approvals()
-    if not records:
-        say("no pending requests")
-        return
-    for record in records:
-        if as_json:
-            say_raw(compact_json(_pending_document(record)))
-        else:
-            say(_pending_line(record))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 import click
 
@@ -12,7 +13,7 @@ from ..errors import CTRLRunError, InvalidArgument
 from ..answers import resolve_events
 from .commands_approvals import CLI_ANSWERER
 from .stores import Settings, open_operator_store, store_url_option
-from .text import say
+from .text import compact_json, reader_gone, say, say_prose, say_raw
 
 __all__ = ["effects", "resolve"]
 
@@ -31,7 +32,7 @@ def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
     state = EffectState.COMMITTED if committed else EffectState.FAILED
     with open_operator_store(settings, store_url) as store:
         try:
-            record = store.resolve_effect(
+            store.resolve_effect(
                 effect_key, state, CLI_ANSWERER, events=resolve_events(CLI_ANSWERER, "human")
             )
         except InvalidArgument as exc:
@@ -69,18 +70,40 @@ def _effect_line(record: EffectRecord, now: datetime) -> str:
     return line
 
 
+def _effect_document(record: EffectRecord, now: datetime) -> dict[str, Any]:
+    lease = record.lease_expires_at
+    return {
+        "effect_key": record.effect_key,
+        "state": record.state.value,
+        "attempt": record.attempt,
+        "action_id": record.action_id,
+        "created_at": format_ts(record.created_at),
+        "updated_at": format_ts(record.updated_at),
+        "lease_expires_at": None if lease is None else format_ts(lease),
+        "lease_expired": _lease_lapsed(record, now),
+        "resolved_by": record.resolved_by,
+        "error": record.error,
+    }
+
+
 @click.command()
 @click.option("--state", "state", type=click.Choice([s.value for s in EffectState]),
               help="Only effects in this state.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per effect, one per line.")
 @store_url_option
 @click.pass_obj
-def effects(settings: Settings, state: str | None, store_url: str | None) -> None:
+def effects(settings: Settings, state: str | None, as_json: bool, store_url: str | None) -> None:
     """List effect records in creation order."""
-    with open_operator_store(settings, store_url) as store:
+    with open_operator_store(settings, store_url, read_only=True) as store:
         records = () if state == EffectState.NEW.value else store.list_effects(state)
     if not records:
-        say("no effects yet" if state is None else f"no effects are {state}")
+        say_prose("no effects yet" if state is None else f"no effects are {state}", as_json=as_json)
         return
     now = settings.clock()
     for record in records:
-        say(_effect_line(record, now))
+        if reader_gone():
+            return
+        if as_json:
+            say_raw(compact_json(_effect_document(record, now)))
+        else:
+            say(_effect_line(record, now))

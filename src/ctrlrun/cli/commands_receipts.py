@@ -10,7 +10,7 @@ import click
 from ..errors import CTRLRunError
 from ..receipt import ChainReport, Receipt, UnreadableReceipt, verify_chain
 from .stores import Settings, open_operator_store, store_url_option
-from .text import compact_json, say, say_raw
+from .text import compact_json, reader_gone, say, say_prose, say_raw
 
 __all__ = ["receipts"]
 
@@ -78,7 +78,7 @@ def _print_report(report: ChainReport, as_json: bool) -> None:
 def receipts(settings: Settings, last: int | None, as_json: bool, check_chain: bool,
              store_url: str | None) -> None:  # fmt: skip
     """Show receipts in chain order, or check the chain with --verify-chain."""
-    with open_operator_store(settings, store_url) as store:
+    with open_operator_store(settings, store_url, read_only=True) as store:
         if check_chain:
             report = verify_chain(store)
         else:
@@ -87,11 +87,13 @@ def receipts(settings: Settings, last: int | None, as_json: bool, check_chain: b
         _print_report(report, as_json)
         return
     if not rows:
-        say("no receipts yet")
+        say_prose("no receipts yet", as_json=as_json)
         return
     if last is not None:
         rows = rows[-last:]
     for row in rows:
+        if reader_gone():
+            return
         line = _render(row, as_json)
         if as_json:
             say_raw(line)

@@ -15,7 +15,8 @@ import click
 from .._default import state_location
 from .._time import utc_now
 from ..errors import InvalidArgument
-from ..store import StateStore, open_store_url
+from ..store import SQLiteStateStore, StateStore, open_store_url
+from .text import say
 
 __all__ = ["Settings", "open_operator_store", "select_store_url", "store_url_option"]
 
@@ -73,15 +74,30 @@ def _missing_database(url: str) -> InvalidArgument | None:
     return None
 
 
+def _open_read_only(url: str, settings: Settings) -> StateStore:
+    """A SQLite store opened for reading only; a snapshot read is said on stderr."""
+    sqlite = SQLiteStateStore(url[len(_SQLITE) :], clock=settings.clock, migrate=False, read_only=True)
+    if sqlite.snapshot:  # a SQLite store's own property, not the StateStore protocol's
+        say(f"note: {sqlite.path} is read as a snapshot: SQLite cannot share it with its writers "
+            "from here (it has no -shm file and its directory cannot be written), so writes made "
+            "meanwhile are not seen", err=True)  # fmt: skip
+    return sqlite
+
+
 @contextmanager
-def open_operator_store(settings: Settings, option: str | None) -> Iterator[StateStore]:
-    """Open the selected store as it is (``migrate=False``) and close it afterwards."""
+def open_operator_store(settings: Settings, option: str | None, *,
+                        read_only: bool = False) -> Iterator[StateStore]:  # fmt: skip
+    """Open the selected store as it is (``migrate=False``) and close it afterwards;
+    ``read_only`` for commands that only read (they need no write access to a SQLite file)."""
     url = select_store_url(option)
     if url.startswith(_SQLITE):
         missing = _missing_database(url)
         if missing is not None:
             raise missing
-    store = open_store_url(url, clock=settings.clock, migrate=False)
+    if read_only and url.startswith(_SQLITE):
+        store = _open_read_only(url, settings)
+    else:
+        store = open_store_url(url, clock=settings.clock, migrate=False)
     try:
         yield store
     finally:

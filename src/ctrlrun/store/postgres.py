@@ -210,14 +210,15 @@ class PostgresStateStore(SQLStateStore):
             from psycopg.conninfo import conninfo_to_dict
         except ImportError:
             raise MissingDependency(
-                "the Postgres store needs psycopg 3: pip install 'ctrlrun[postgres]'",
+                "the Postgres store needs psycopg 3: run pip install '.[postgres]' from the root "
+                "of your ctrlrun clone (the 'ctrlrun' on PyPI is another project)",
                 module="psycopg",
                 extra="postgres",
             ) from None
         if tuple(int(part) for part in re.findall(r"\d+", psycopg.__version__)[:2]) < (3, 1):
             raise MissingDependency(
                 f"the Postgres store needs psycopg >= 3.1, found {psycopg.__version__}: "
-                "pip install -U 'ctrlrun[postgres]'",
+                "run pip install -U '.[postgres]' from the root of your ctrlrun clone",
                 module="psycopg",
                 extra="postgres",
             )

@@ -310,10 +310,12 @@ def classify(
         )
     unknown = [m for m in recorded if m not in known]
     if unknown:
-        stamped = ", ".join(f"{m} (written by ctrlrun {applied[m]})" for m in unknown)
+        stamped = ", ".join(f"{m} (stamped version {applied[m]})" for m in unknown)
         raise SchemaMismatch(
-            f"the store has migrations this build does not know: {stamped}; this is ctrlrun "
-            f"{running}, which knows {list(known)}: upgrade ctrlrun to open it",
+            f"the store was written by another program or another version of ctrlrun: it has "
+            f"migrations {stamped}, which this ctrlrun {running} does not know (it knows "
+            f"{list(known)}); it was left untouched. Point ctrlrun at another path for a store "
+            "of its own, or open this one with the program that wrote it",
             applied=recorded,
             known=known,
             running=running,

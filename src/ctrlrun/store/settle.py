@@ -9,8 +9,6 @@ the finish did not land and sending it again is safe (it is the same compare-and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
 from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..effect import EffectState
 from ..receipt import Event, Receipt

@@ -81,6 +81,10 @@ class SQLiteStateStore(SQLStateStore):
     ``durability="full"`` (default) syncs every commit so a reservation survives power loss;
     ``"normal"`` survives a process crash but may lose the last commits on power loss.
     ``migrate=False`` opens an existing store at the current schema only, creating nothing.
+    ``read_only=True`` (with ``migrate=False``) also refuses every write and needs no write access
+    to the file or its directory; where SQLite cannot share a WAL store with its writers from
+    there (no ``-shm`` file and a read-only directory) it reads an immutable snapshot instead,
+    and ``snapshot`` is True: writes other processes make meanwhile are not seen.
     """
 
     BEGIN_WRITE = "BEGIN IMMEDIATE"  # takes the write lock before the first read
@@ -92,9 +96,16 @@ class SQLiteStateStore(SQLStateStore):
         durability: str = "full",
         clock: Callable[[], datetime] = utc_now,
         migrate: bool = True,
+        read_only: bool = False,
     ) -> None:
         self._path = _file_path(path)
         _refuse_empty(self._path)
+        if read_only and migrate:
+            raise InvalidArgument(
+                "read_only=True opens an existing store as it is; pass migrate=False with it"
+            )
+        self.read_only = read_only
+        self.snapshot = False
         if durability not in _SYNCHRONOUS:
             raise InvalidArgument(f"durability must be 'full' or 'normal', got {durability!r}")
         if sqlite3.sqlite_version_info < _MIN_SQLITE:
@@ -117,7 +128,7 @@ class SQLiteStateStore(SQLStateStore):
                     f"no ctrlrun store at {self._path}; run a protected call first (it creates "
                     "the store) or point CTRLRUN_STATE / CTRLRUN_STORE_URL at the right file"
                 )
-            mode = "rw"
+            mode = "ro" if read_only else "rw"
         self._uri = f"{self._path.as_uri()}?mode={mode}"
         engine = create_engine("sqlite+pysqlite://", creator=self._connect, poolclass=NullPool)
         super().__init__(engine, clock=clock)
@@ -131,6 +142,26 @@ class SQLiteStateStore(SQLStateStore):
     # -- connections and transactions
 
     def _connect(self) -> sqlite3.Connection:
+        conn = self._new_connection()
+        if self.read_only and not self.snapshot and not self._can_read(conn):
+            conn.close()
+            self.snapshot = True
+            self._uri = f"{self._path.as_uri()}?mode=ro&immutable=1"
+            conn = self._new_connection()
+        return conn
+
+    @staticmethod
+    def _can_read(conn: sqlite3.Connection) -> bool:
+        """False when a read-only connection cannot read because SQLite would need to create
+        the WAL index (the ``-shm`` file) where it may not write."""
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
+        except sqlite3.OperationalError as exc:
+            lower = str(exc).lower()
+            return "readonly" not in lower and "unable to open" not in lower
+        return True
+
+    def _new_connection(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self._uri,
             uri=True,
@@ -139,12 +170,32 @@ class SQLiteStateStore(SQLStateStore):
             check_same_thread=False,
         )
         conn.execute(f"PRAGMA busy_timeout={int(_BUSY_SECONDS * 1000)}")
-        conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
+        if not self.read_only:  # a reader syncs nothing, and the pragma would open the WAL
+            conn.execute(f"PRAGMA synchronous={_SYNCHRONOUS[self.durability]}")
         return conn
+
+    def _read_only_refusal(self) -> CTRLRunError:
+        return InvalidArgument(
+            f"the SQLite store {self._path} is open read-only: this write was refused and "
+            "nothing changed; to write, open it without read_only=True as a user who may write "
+            "the file and its directory"
+        )
+
+    def _begin_write(self, dbapi: Any, cursor: Any) -> Any:
+        if self.read_only:
+            raise self._read_only_refusal()
+        return super()._begin_write(dbapi, cursor)
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
         message = str(getattr(exc, "orig", None) or exc)
         lower = message.lower()
+        if self.read_only and ("unable to open" in lower or "readonly" in lower):
+            if doing in ("reading", "reading its schema", "connecting"):
+                return InvalidArgument(
+                    f"cannot read the SQLite store {self._path} ({message}); check that you "
+                    "may read the file and its directory"
+                )
+            return self._read_only_refusal()
         if "locked" in lower or "busy" in lower:
             return StoreUnavailable(
                 f"the SQLite store {self._path} is busy: another connection held its write lock "

@@ -1,0 +1,5 @@
+"""``python -m ctrlrun``: the ``ctrlrun`` command."""
+
+from .cli import main
+
+main()
