@@ -155,6 +155,7 @@ def test_pause_approve_commits_once(app, body):
     assert (receipt.decision, receipt.result, receipt.approver) == ("approve", "committed", CHANNEL)
     assert types_of(app.store) == [
         "ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_REQUESTED",
+        "APPROVAL_GRANTED",  # the answer's own event, written with the grant
         "ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_CONSUMED", "EFFECT_RESERVED",
         "EXECUTION_STARTED", "EXECUTION_COMMITTED",
     ]  # fmt: skip
