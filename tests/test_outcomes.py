@@ -122,7 +122,8 @@ def test_past_the_deadline_the_error_says_the_function_ran_and_names_the_key(pg,
     assert not isinstance(error, AmbiguousEffect) and error.effect_key == "refund:txn_1"
     text = str(error)
     assert "the function ran" in text and "refund:txn_1" in text and "ctrlrun resolve" in text
-    assert "nothing was run" not in text and "not run" not in text
+    assert "nothing was run" not in text and "not run" not in text and "retry later" not in text
+    assert "nothing was written" not in text and "this write was not kept" not in text
     assert ticking.slept and calls == ["txn_1"]  # retried, then gave up at the deadline
     monkeypatch.undo()
     assert pg.get_effect("refund:txn_1").state is EffectState.EXECUTING  # lapses into ambiguous
@@ -241,3 +242,32 @@ def test_a_call_without_an_effect_key_keeps_its_receipt_when_its_backend_is_kill
     assert sent == ["ada@example.com"]
     (receipt,) = pg.receipts()
     assert receipt.result == "committed" and receipt.effect_key is None and verify_chain(pg).ok
+
+
+def test_sqlite_busy_past_the_deadline_says_the_function_ran(tmp_path, clock, monkeypatch):
+    import sqlite3
+
+    from ctrlrun.store.sql import _Failed
+
+    store = SQLiteStateStore(tmp_path / "state.db", clock=clock)
+    ticking = Ticking()
+    store._monotonic, store._sleep = ticking.monotonic, ticking.sleep
+    real = store._try_write
+
+    def always_busy_after_the_start(operation: Any) -> Any:
+        if store.transactions >= 1:
+            store.transactions += 1
+            cause = sqlite3.OperationalError("database is locked")
+            raise _Failed(cause, store._driver_error(cause, "writing"), unknown=False)
+        return real(operation)
+
+    monkeypatch.setattr(store, "_try_write", always_busy_after_the_start)
+    calls: list[str] = []
+    refund = _refund(store, clock, calls)
+    with context(agent="agent-1"), pytest.raises(AmbiguousWrite) as info:
+        refund(payment_id="txn_1", amount=100)
+    text = str(info.value)
+    assert calls == ["txn_1"] and "the function ran" in text and "refund:txn_1" in text
+    assert "busy" in text and "not kept" not in text and "retry" not in text.replace("retry blindly", "")
+    monkeypatch.undo()
+    assert store.get_effect("refund:txn_1").state is EffectState.EXECUTING

@@ -74,16 +74,17 @@ def outcome_unrecorded(attempt: Attempt, did: str, error: CTRLRunError) -> Ambig
     """The error of a function that ran (``did``: "returned", "raised X") whose outcome the
     store did not take."""
     key, action = attempt.effect_key, attempt.action
+    cause = str(error).split("; ")[0]  # what failed, without advice meant for an unrun write
     if key is None:
         message = (
             f"action {action.name!r} ({action.action_id}) ran and {did}, but its receipt could "
-            f"not be written to the store ({error}); the call has no effect key, so nothing "
+            f"not be written to the store ({cause}); the call has no effect key, so nothing "
             "blocks a retry: find out whether it took effect before running it again"
         )
     else:
         message = (
             f"effect {key!r}: the function ran and {did}, but the store did not take its outcome "
-            f"({error}). The key stays executing under {action.action_id} and shows ambiguous "
+            f"({cause}). The key stays executing under {action.action_id} and shows ambiguous "
             f"once its lease lapses; find out whether the effect happened, then run "
             f"`ctrlrun resolve {key} --committed` or `--failed`. Do not retry blindly"
         )
