@@ -25,7 +25,7 @@ CALLERS = (
     "approvals.py",  # the Local and Scripted providers
     "adapter.py",  # InterruptApprovalProvider
     "edits.py",  # grant_with_edits (the CLI's and the interrupt provider's approve with edits)
-    "receipt.py",  # verify_chain (ctrlrun receipts --verify-chain, the demo)
+    "chain.py",  # verify_chain (ctrlrun receipts --verify-chain, the demo)
     "cli",  # the operator commands
 )
 
