@@ -13,24 +13,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, column, func, insert, literal_column, select, update
-from sqlalchemy import values as value_rows
-
 from ..drafts import EventRow, ReceiptDraft
 from ..errors import InvalidArgument
 from ..receipt import _COMPACT_JSON, Receipt, _canonical, _compact
 from ..action import _CANONICAL_JSON
 from . import codec
-from .statements import EVENT_COLUMNS, RECEIPT_COLUMNS, Compiled, Statements
 
-__all__ = ["as_draft", "place_with_events", "record_and_place"]
+__all__ = ["as_draft", "place_with_events"]
 
 # stand-ins for seq and prev_hash while the document is written: no stored text holds a NUL
 _SEQ = "\x00ctrlrun seq\x00"
 _PREV = "\x00ctrlrun prev_hash\x00"
-_ONE: Any = literal_column("1")
-_UTF8: Any = literal_column("'UTF8'")
-_HEX: Any = literal_column("'hex'")
 
 
 def _slots(text: str, encoder: Any) -> str | None:
@@ -79,71 +72,15 @@ def placed_receipt(receipt: Receipt, draft: ReceiptDraft) -> Receipt:
     return placed
 
 
-def record_and_place(statements: Statements, rows: int) -> Compiled:
-    """``rows`` events inserted and the receipt placed after the chain head (read ``FOR
-    UPDATE``), its line and hash made by the server from the draft's pieces, the head moved to
-    it: one statement. Returns ``(0, event_id, columns…)`` per event and ``(1, seq, hash,
-    prev_hash, NULL…)`` for the receipt."""
-
-    def build() -> Any:
-        c, r, v = statements.chain, statements.receipts, statements.events
-        head = select(c.c.seq, c.c.hash).where(c.c.id == _ONE).with_for_update().cte("head")
-        seq = cast(head.c.seq + _ONE, Text)
-
-        def piece(name: str) -> Any:
-            return bindparam(name, type_=Text)
-
-        doc = select(
-            (head.c.seq + _ONE).label("seq"), head.c.hash.label("prev"),
-            (piece("l0") + seq + piece("l1") + head.c.hash + piece("l2")).label("line"),
-            (piece("c0") + head.c.hash + piece("c1") + seq + piece("c2")).label("canon"),
-        ).cte("doc")  # fmt: skip
-        digest = func.encode(func.sha256(func.convert_to(doc.c.canon, _UTF8)), _HEX)
-        sealed = select(
-            doc.c.seq, doc.c.prev, doc.c.line,
-            (literal_column("'sha256:'", Text) + cast(digest, Text)).label("hash"),
-        ).cte("sealed")  # fmt: skip
-        moved = (
-            update(c).where(c.c.id == _ONE).values(seq=sealed.c.seq, hash=sealed.c.hash)
-            .returning(_ONE.label("one")).cte("moved")
-        )  # fmt: skip
-        placed = (
-            insert(r).from_select(
-                list(RECEIPT_COLUMNS),
-                select(
-                    piece("receipt_id"), piece("action_id"), piece("effect_key"),
-                    piece("result"), sealed.c.line, piece("ts"), sealed.c.seq, sealed.c.prev,
-                    sealed.c.hash,
-                ),
-            ).returning(r.c.seq, r.c.hash, r.c.prev_hash).cte("placed")
-        )  # fmt: skip
-        receipt_row = select(
-            literal_column("1"), placed.c.seq, placed.c.hash, placed.c.prev_hash,
-            *[literal_column("NULL") for _ in range(4)],
-        )  # fmt: skip
-        if not rows:
-            return receipt_row.add_cte(moved)
-        given = value_rows(*(column(n, Text) for n in EVENT_COLUMNS), name="given").data(
-            [tuple(bindparam(f"{n}_{i}") for n in EVENT_COLUMNS) for i in range(rows)]
-        )
-        added = (
-            insert(v).from_select(list(EVENT_COLUMNS), select(*given.c))
-            .returning(v.c.event_id, *(v.c[n] for n in EVENT_COLUMNS)).cte("added")
-        )  # fmt: skip
-        return select(literal_column("0"), *added.c).union_all(receipt_row).add_cte(moved)
-
-    return statements._cached(("record_place", rows), build)
-
-
 def place_with_events(
     tx: Any, rows: Sequence[EventRow], draft: ReceiptDraft
 ) -> Sequence[int]:
-    """Run ``record_and_place`` with the transaction's ``COMMIT`` (``tx`` a ``SQLTx`` that
+    """Run ``Statements.record_and_place`` with the transaction's ``COMMIT`` (``tx`` a ``SQLTx`` that
     places receipts): the events' ids; ``draft`` comes back placed. A taken receipt id writes
     nothing and is refused."""
     from .sqltx import _constraint, _event_binds, _match_ids
 
-    statement = record_and_place(tx.sql, len(rows))
+    statement = tx.sql.record_and_place(len(rows))
     values: dict[str, Any] = dict(zip(("l0", "l1", "l2", "c0", "c1", "c2"), draft.pieces()))
     values.update(_event_binds(rows))
     values.update(receipt_id=draft.receipt_id, action_id=draft.action_id,

@@ -294,62 +294,73 @@ class Statements:
 
     def finish_and_place(self, rows: int) -> Compiled:
         """Postgres: the whole *finish* in one statement, so it travels in one message and no
-        lock outlives it. Only if the outcome's compare-and-set matches: ``rows`` events, and
-        the receipt placed after the chain head (read ``FOR UPDATE``), its stored line and hash
-        made by the server from the draft's pieces (``ReceiptDraft.pieces``), the head moved to
-        it. Returns ``(0, event_id, columns…)`` per event and ``(1, seq, hash, NULL…)`` for the
-        receipt; no row at all when the compare-and-set missed (nothing written)."""
+        lock outlives it: ``placed_after_head`` guarded by the outcome's compare-and-set. No
+        row at all when that missed (nothing written)."""
 
         def build() -> Any:
-            c, r, v = self.chain, self.receipts, self.events
             finished = self._finish_effect().returning(_ONE.label("one")).cte("finished")
-            done = exists(select(finished.c.one))
-            head = (
-                select(c.c.seq, c.c.hash).where(c.c.id == _ONE, done).with_for_update()
-                .cte("head")
-            )  # fmt: skip
-            seq = cast(head.c.seq + _ONE, Text)
-
-            def piece(name: str) -> Any:
-                return bindparam(name, type_=Text)
-
-            doc = select(
-                (head.c.seq + _ONE).label("seq"), head.c.hash.label("prev"),
-                (piece("l0") + seq + piece("l1") + head.c.hash + piece("l2")).label("line"),
-                (piece("c0") + head.c.hash + piece("c1") + seq + piece("c2")).label("canon"),
-            ).cte("doc")  # fmt: skip
-            digest = func.encode(func.sha256(func.convert_to(doc.c.canon, _UTF8)), _HEX)
-            sealed = select(
-                doc.c.seq, doc.c.prev, doc.c.line,
-                (literal_column("'sha256:'", Text) + cast(digest, Text)).label("hash"),
-            ).cte("sealed")  # fmt: skip
-            moved = (
-                update(c).where(c.c.id == _ONE).values(seq=sealed.c.seq, hash=sealed.c.hash)
-                .returning(_ONE.label("one")).cte("moved")
-            )  # fmt: skip
-            placed = (
-                insert(r).from_select(
-                    list(RECEIPT_COLUMNS),
-                    select(
-                        piece("receipt_id"), piece("action_id"), piece("effect_key"),
-                        piece("result"), sealed.c.line, piece("ts"), sealed.c.seq,
-                        sealed.c.prev, sealed.c.hash,
-                    ),
-                ).returning(r.c.seq, r.c.hash, r.c.prev_hash).cte("placed")
-            )  # fmt: skip
-            given = values(*(column(n, Text) for n in EVENT_COLUMNS), name="given").data(
-                [tuple(bindparam(f"{n}_{i}") for n in EVENT_COLUMNS) for i in range(rows)]
-            )
-            added = (
-                insert(v).from_select(list(EVENT_COLUMNS), select(*given.c).where(done))
-                .returning(v.c.event_id, *(v.c[n] for n in EVENT_COLUMNS)).cte("added")
-            )  # fmt: skip
-            return select(literal_column("0"), *added.c).union_all(
-                select(literal_column("1"), placed.c.seq, placed.c.hash, placed.c.prev_hash,
-                       *_nulls(4))
-            ).add_cte(moved)
+            return self.placed_after_head(rows, exists(select(finished.c.one)))
 
         return self._cached(("place", rows), build)
+
+    def record_and_place(self, rows: int) -> Compiled:
+        """Postgres: events and a receipt (no outcome) in one statement: ``placed_after_head``."""
+        return self._cached(("record_place", rows), lambda: self.placed_after_head(rows))
+
+    def placed_after_head(self, rows: int, done: Any = None) -> Any:
+        """``rows`` events inserted and the receipt placed after the chain head (read ``FOR
+        UPDATE``), its stored line and hash made by the server from the draft's pieces
+        (``ReceiptDraft.pieces``), the head moved to it; all of it only where ``done`` holds.
+        Returns ``(0, event_id, columns…)`` per event and ``(1, seq, hash, prev_hash, NULL…)``
+        for the receipt."""
+        c, r, v = self.chain, self.receipts, self.events
+        guard = () if done is None else (done,)
+        head = (
+            select(c.c.seq, c.c.hash).where(c.c.id == _ONE, *guard).with_for_update()
+            .cte("head")
+        )  # fmt: skip
+        seq = cast(head.c.seq + _ONE, Text)
+
+        def piece(name: str) -> Any:
+            return bindparam(name, type_=Text)
+
+        doc = select(
+            (head.c.seq + _ONE).label("seq"), head.c.hash.label("prev"),
+            (piece("l0") + seq + piece("l1") + head.c.hash + piece("l2")).label("line"),
+            (piece("c0") + head.c.hash + piece("c1") + seq + piece("c2")).label("canon"),
+        ).cte("doc")  # fmt: skip
+        digest = func.encode(func.sha256(func.convert_to(doc.c.canon, _UTF8)), _HEX)
+        sealed = select(
+            doc.c.seq, doc.c.prev, doc.c.line,
+            (literal_column("'sha256:'", Text) + cast(digest, Text)).label("hash"),
+        ).cte("sealed")  # fmt: skip
+        moved = (
+            update(c).where(c.c.id == _ONE).values(seq=sealed.c.seq, hash=sealed.c.hash)
+            .returning(_ONE.label("one")).cte("moved")
+        )  # fmt: skip
+        placed = (
+            insert(r).from_select(
+                list(RECEIPT_COLUMNS),
+                select(
+                    piece("receipt_id"), piece("action_id"), piece("effect_key"),
+                    piece("result"), sealed.c.line, piece("ts"), sealed.c.seq,
+                    sealed.c.prev, sealed.c.hash,
+                ),
+            ).returning(r.c.seq, r.c.hash, r.c.prev_hash).cte("placed")
+        )  # fmt: skip
+        receipt_row = select(
+            literal_column("1"), placed.c.seq, placed.c.hash, placed.c.prev_hash, *_nulls(4)
+        )
+        if not rows:
+            return receipt_row.add_cte(moved)
+        given = values(*(column(n, Text) for n in EVENT_COLUMNS), name="given").data(
+            [tuple(bindparam(f"{n}_{i}") for n in EVENT_COLUMNS) for i in range(rows)]
+        )
+        added = (
+            insert(v).from_select(list(EVENT_COLUMNS), select(*given.c).where(*guard))
+            .returning(v.c.event_id, *(v.c[n] for n in EVENT_COLUMNS)).cte("added")
+        )  # fmt: skip
+        return select(literal_column("0"), *added.c).union_all(receipt_row).add_cte(moved)
 
     def _insert_receipt(self, *, strict: bool) -> Any:
         statement = self._insert(self.receipts).values(_binds(RECEIPT_COLUMNS))
