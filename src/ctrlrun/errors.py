@@ -37,6 +37,7 @@ __all__ = [
     "ActionDenied",
     "AuthorityDenied",
     "AuthorityEscalation",
+    "BudgetExhausted",
     "ApprovalRequired",
     "ApprovalTimeout",
     "ApprovalMismatch",
@@ -126,6 +127,36 @@ class AuthorityDenied(ActionDenied):
         self.grant_id = grant_id
         self.delegation_id = delegation_id
         super().__init__(message, reason=reason, action_id=action_id)
+
+
+class BudgetExhausted(ActionDenied):
+    """A budget of the grant that passed has no room for this call (``reason="budget_exhausted"``).
+
+    A plain denial of authority that passed: it names the grant, the metric and the window,
+    never the amount left.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        grant_id: str,
+        metric: str,
+        window: int,
+        action_id: str | None = None,
+    ) -> None:
+        self.grant_id = grant_id
+        self.metric = metric
+        self.window = window
+        super().__init__(message, reason="budget_exhausted", action_id=action_id)
+
+    def _default_message(self) -> str:
+        subject = f"action {self.action_id}" if self.action_id else "action"
+        return (
+            f"{subject} denied: budget_exhausted: grant {self.grant_id!r} has no {self.metric} "
+            f"left for this call in its {self.window}s window; nothing was reserved or charged: "
+            "wait for the window to roll, or ask for a grant with a larger budget"
+        )
 
 
 class AuthorityEscalation(Refusal):
