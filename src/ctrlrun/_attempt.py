@@ -36,6 +36,8 @@ class Attempt:
     edit_diff: dict[str, Any] | None = None
     pending: list[Event] = field(default_factory=list)
     reconciled: bool = False  # the reconcile hook runs at most once per call
+    authority_grant_id: str | None = None  # the grant that passed, when authority is on
+    budget_charges: tuple[Mapping[str, Any], ...] = ()  # the ledger rows the start wrote
 
     def __post_init__(self) -> None:
         self.started_at = self.now()
@@ -101,6 +103,8 @@ class Attempt:
             hop=self.hop,
             edited_from=self.edited_from,
             edit_diff=self.edit_diff,
+            authority_grant_id=self.authority_grant_id,
+            budget_charges=self.budget_charges,
         )
 
 

@@ -84,8 +84,8 @@ class Straight:
         """``(value, None)`` once the call ran and is recorded, or ``(GIVE_WAY, evaluation)``
         when it must take the pipeline (nothing written but a refusal's kept write)."""
         control = self.control
-        if action.principal.expires_at is not None:
-            return GIVE_WAY, None  # the pipeline judges (and records) an expiring principal
+        if action.principal.expires_at is not None or control._authority is not None:
+            return GIVE_WAY, None  # the pipeline judges an expiring principal, and authority
         evaluation = control.policy.evaluate(action)
         if evaluation.decision is not Decision.ALLOW or _ambient.presented_approval() is not None:
             return GIVE_WAY, evaluation

@@ -6,12 +6,14 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Unpack, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from . import _ambient
 from ._settings import CallOptions, ReadOnly, Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
+from ._authorize import authority_of, authorize, charged, measure, refuse_budget
 from ._attempt import Attempt, describe, fan_out, message_of, storable
 from ._outcomes import lost_start, outcome_unrecorded
+from ._reconciling import reconcile
 from ._refusals import refuse_approval, refuse_before_asking, refuse_denied_approval, refuse_reservation
 from ._steps import Steps, call, drive, drive_async, run_function, unwrap
 from ._straight import Straight
@@ -26,6 +28,7 @@ from .errors import (
     ApprovalMismatch,
     ApprovalRequired,
     CTRLRunError,
+    BudgetExhausted,
     DuplicateEffect,
     IdentityError,
     InvalidArgument,
@@ -36,6 +39,9 @@ from .identity import IdentityProvider
 from .policy import Decision, Evaluation, Policy
 from .receipt import EventSink, EventType, JSONLEventSink, Receipt
 from .store import StateStore
+
+if TYPE_CHECKING:
+    from .authority import Authority, Delegation, Grant
 
 __all__ = ["Control", "ReconcileOutcome"]
 
@@ -73,7 +79,6 @@ class Control:
                 "ctrlrun; remove it from the policy rather than run without it"
             )
         later = {
-            "authority": authority,
             "approver_identity": approver_identity,
             "require_approved_policy": require_approved_policy or None,
             "upstream": upstream,
@@ -97,6 +102,7 @@ class Control:
         self._approvals = approvals if approvals is not None else LocalApprovalProvider(
             store, clock=clock
         )
+        self._authority = authority_of(policy.authority, authority)
         self._straight = Straight(self)
 
     # -- construction from files ---------------------------------------------------------
@@ -123,7 +129,7 @@ class Control:
     clock = ReadOnly[Clock]("_clock")
     policy_hash = ReadOnly[str]("_policy_hash")
     approval_ttl = ReadOnly[timedelta]("_approval_ttl")
-    authority = ReadOnly[None]("_unbuilt")  # the authority model (not built yet)
+    authority = ReadOnly["Authority | None"]("_authority")
     approver_identity = ReadOnly[None]("_unbuilt")
     require_approved_policy = ReadOnly[bool]("_no")
     _unbuilt, _no = None, False
@@ -166,8 +172,31 @@ class Control:
         return principal
 
     def evaluate(self, action: Action, *, task: str | None = None, hop: str | None = None) -> Evaluation:
-        """The policy's decision for ``action``; writes nothing."""
+        """The decision for ``action``, authority and policy combined (the stricter wins); writes
+        nothing. An authority denial answers ``deny`` with the authority's reason."""
+        if self._authority is not None:
+            from .authority import resolve
+
+            resolution = resolve(
+                self._authority, self._store.delegations(include_revoked=True), action=action,
+                environment=self._environment, task=task, now=self._clock(),
+            )  # fmt: skip
+            if not resolution.passed:
+                return Evaluation(Decision.DENY, resolution.reason)
         return self._policy.evaluate(action)
+
+    def delegate(self, parent_id: str, grant: Grant, *, by: Principal, created_via: str = "api") -> Delegation:
+        """Hand part of ``parent_id``'s grant to another principal; never wider than the parent.
+        A refusal raises ``AuthorityEscalation`` naming the reason (and the dimension)."""
+        from ._delegating import delegate
+
+        return delegate(self, parent_id, grant, by=by, created_via=created_via)
+
+    def revoke(self, delegation_id: str, *, by: str | None = None) -> bool:
+        """Revoke a delegation (and so everything beneath it); ``False`` if it already was."""
+        from ._delegating import revoke
+
+        return revoke(self, delegation_id, by=by)
 
     def execute(
         self,
@@ -253,6 +282,7 @@ class Control:
                 reason="principal_expired",
                 action_id=action.action_id,
             )
+        resolution = (yield from authorize(self, attempt)) if self._authority is not None else None
         if evaluation is None:
             evaluation = self._policy.evaluate(action)
         attempt.decision = str(evaluation.decision)
@@ -268,6 +298,8 @@ class Control:
                 action_id=action.action_id,
             )
 
+        charges = yield from measure(self, attempt, resolution)
+
         # approve
         consume = evaluation.decision is Decision.APPROVE
         if consume and approval_id is None:
@@ -275,7 +307,7 @@ class Control:
             yield from self._request_approval(attempt)
 
         # reserve (the approval is spent in the same transaction)
-        reservation = yield from self._start(attempt, options, approval_id if consume else None)
+        reservation = yield from self._start(attempt, options, approval_id if consume else None, charges)
         if not consume and approval_id is not None:
             yield from self._close_unneeded_approval(attempt, approval_id)
 
@@ -352,9 +384,13 @@ class Control:
             action_hash=action.action_hash,
         )
 
-    def _start(self, attempt: Attempt, options: _Options, approval_id: str | None) -> Steps[Any]:
-        """Consume the approval and reserve the key in one store transaction; record refusals."""
+    def _start(
+        self, attempt: Attempt, options: _Options, approval_id: str | None, charges: Sequence[Any] = ()
+    ) -> Steps[Any]:
+        """Consume the approval, reserve the key and take the budget charges in one store
+        transaction; record refusals."""
         action = attempt.action
+        charging = {"charges": tuple(charges)} if charges else {}
         while True:
             def started(approval: Any, reservation: Any) -> list[Any]:
                 # the start's events; the store may ask again if it has to plan the start anew
@@ -380,7 +416,11 @@ class Control:
                     action_hash=action.action_hash if approval_id else None,
                     events=started,
                     return_events=bool(self._sinks),
+                    **charging,
                 )
+            except BudgetExhausted as refusal:
+                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
+                raise (yield from refuse_budget(self, attempt, refusal)) from None
             except ApprovalMismatch as refusal:
                 attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
                 yield from refuse_approval(self, attempt, refusal)
@@ -403,6 +443,8 @@ class Control:
                 yield from refuse_reservation(self, attempt, refusal, state=None)
                 raise
             attempt.pending.clear()  # written by the start
+            if charges:
+                attempt.budget_charges = charged(charges)
             fan_out(self._sinks, stored, None)
             return reservation
 
@@ -504,37 +546,7 @@ class Control:
 
     def _reconcile(self, attempt: Attempt, options: _Options, trigger: str) -> Steps[str]:
         """Ask the hook what became of an ambiguous effect; move the record if it knows."""
-        key = options.effect_key
-        if attempt.reconciled:  # asked once already in this call: its answer stands
-            return "unknown"
-        attempt.reconciled = True
-        attempt.event(EventType.RECONCILIATION_STARTED, effect_key=key, trigger=trigger)
-        try:
-            assert options.reconcile is not None
-            answer = yield call(options.reconcile, key)
-        except Exception as exc:
-            log.warning("reconcile hook for %r raised: %s", key, describe(exc))
-            attempt.event(EventType.RECONCILIATION_RESOLVED, outcome="unknown", reason="raised",
-                          error=describe(exc))  # fmt: skip
-            return "unknown"
-        if answer not in ("committed", "not_executed", "unknown"):
-            log.warning("reconcile hook for %r returned %r; treating it as unknown", key, answer)
-            attempt.event(EventType.RECONCILIATION_RESOLVED, outcome="unknown",
-                          reason="invalid_return", error=storable(repr(answer)))  # fmt: skip
-            return "unknown"
-        attempt.event(EventType.RECONCILIATION_RESOLVED, outcome=answer)
-        if answer == "unknown":
-            return "unknown"
-        state = EffectState.COMMITTED if answer == "committed" else EffectState.FAILED
-        resolver = f"reconcile:{attempt.action.name}"
-        try:
-            yield call(self._store.resolve_effect, key, state, resolver)
-        except CTRLRunError as exc:
-            log.warning("reconcile of %r could not be recorded (%s); treating it as unknown", key, exc)
-            return "unknown"
-        attempt.event(EventType.EFFECT_RESOLVED, state=state.value, resolver=resolver,
-                      resolved_by="reconcile")  # fmt: skip
-        return cast(str, answer)
+        return (yield from reconcile(self._store, attempt, options, trigger))
 
     # -- store helpers ---------------------------------------------------------------------
 
@@ -561,6 +573,7 @@ _PRINCIPALS: dict[tuple[str, str | None], Principal] = {}
 _BEFORE_START = frozenset(
     {
         EventType.ACTION_PROPOSED,
+        EventType.AUTHORITY_RESOLVED,
         EventType.POLICY_EVALUATED,
         EventType.RECONCILIATION_STARTED,
         EventType.RECONCILIATION_RESOLVED,

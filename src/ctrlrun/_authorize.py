@@ -1,0 +1,121 @@
+"""The authority step of a protected call: who may propose this action at all, and what it
+charges; each refusal recorded with its events and a ``denied`` receipt."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._attempt import Attempt, storable
+from ._ledger import Charge, ledger_rows
+from ._steps import Steps, call
+from .errors import ActionDenied, AuthorityDenied, BudgetExhausted
+from .receipt import EventType
+
+if TYPE_CHECKING:
+    from .authority import Authority, Resolution
+    from .control import Control
+
+__all__ = ["authority_of", "authorize", "charged", "measure", "refuse_budget"]
+
+_WHY = {
+    "no_authority": "no grant or delegation covers this principal, action, resource and environment",
+    "authority_constraint": "the grant that covers it does not allow these arguments",
+    "authority_task": "the grant that covers it is limited to other tasks (or needs task=)",
+    "authority_expired": "the grant that covers it has expired",
+    "authority_revoked": "the delegation it rests on has been revoked",
+    "authority_escalation": "the delegation it rests on is no longer inside its parent grant",
+    "authority_unreadable": "a stored delegation cannot be read, so every action is refused",
+}
+_FIX = {
+    "authority_unreadable": "inspect the store's delegations table (it was written by something "
+    "else), revoke or repair the row",
+}
+
+
+def authority_of(policy_section: Mapping[str, Any] | None, override: Any) -> Authority | None:
+    """The authority a Control enforces: ``override`` (an ``Authority`` or a section), else the
+    policy's own section; ``None`` when neither declares one."""
+    if override is None and policy_section is None:
+        return None
+    from .authority import Authority
+
+    if isinstance(override, Authority):
+        return override
+    return Authority.from_section(override if override is not None else policy_section)
+
+
+def authorize(control: Control, attempt: Attempt) -> Steps[Resolution]:
+    """Resolve the action's authority; a denial is recorded and raised as ``AuthorityDenied``."""
+    from .authority import resolve
+
+    authority = control._authority
+    assert authority is not None
+    action = attempt.action
+    records = yield call(control.store.delegations, include_revoked=True)
+    resolution = resolve(
+        authority, records, action=action, environment=control.environment,
+        task=attempt.task, now=control.clock(),
+    )  # fmt: skip
+    if resolution.passed:
+        attempt.authority_grant_id = resolution.grant_id
+        attempt.event(EventType.AUTHORITY_RESOLVED, **resolution.event_data())
+        return resolution
+    attempt.decision, attempt.reason = "deny", resolution.reason
+    attempt.event(EventType.AUTHORITY_DENIED, **resolution.event_data())
+    attempt.event(EventType.ACTION_DENIED, reason=resolution.reason)
+    yield from control._record(attempt, attempt.receipt("denied"))
+    principal = action.principal
+    who = f"agent {principal.agent!r}" + (f" (user {principal.user!r})" if principal.user else "")
+    fix = _FIX.get(resolution.reason, "ask for a grant or a delegation that covers it")
+    raise AuthorityDenied(
+        f"action {action.name!r} denied by authority ({resolution.reason}): "
+        f"{_WHY.get(resolution.reason, resolution.reason)} for {who}; {fix}",
+        reason=resolution.reason,
+        action_id=action.action_id,
+        grant_id=resolution.grant_id,
+        delegation_id=resolution.delegation_id,
+    )
+
+
+def measure(control: Control, attempt: Attempt, resolution: Resolution | None) -> Steps[tuple[Charge, ...]]:
+    """The budget charges this call will take when it reserves; a call its grants cannot
+    measure (no effect key, no usable metric) is recorded and raised as ``ActionDenied``."""
+    if resolution is None:
+        return ()
+    from .authority import charges_for
+
+    try:
+        return charges_for(resolution, attempt.action.arguments, attempt.effect_key)
+    except ActionDenied as refusal:
+        refusal.action_id = attempt.action.action_id
+        error = storable(str(refusal))
+        attempt.decision, attempt.reason = "deny", refusal.reason
+        attempt.event(EventType.ACTION_DENIED, reason=refusal.reason, error=error)
+        yield from control._record(attempt, attempt.receipt("denied", error))
+        raise
+
+
+def charged(charges: Sequence[Charge]) -> tuple[Mapping[str, Any], ...]:
+    """The receipt's ``budget_charges``: one entry per ledger row the charges wrote."""
+    return tuple(
+        {"grant_id": grant_id, "metric": metric, "amount": amount}
+        for grant_id, metric, amount in ledger_rows(charges)
+    )
+
+
+def refuse_budget(control: Control, attempt: Attempt, refusal: BudgetExhausted) -> Steps[BudgetExhausted]:
+    """A reservation refused for a budget: nothing reserved or charged; a ``denied`` receipt.
+    Answers the refusal to raise, naming this action."""
+    named = BudgetExhausted(
+        grant_id=refusal.grant_id, metric=refusal.metric, window=refusal.window,
+        action_id=attempt.action.action_id,
+    )  # fmt: skip
+    attempt.decision, attempt.reason = "deny", "budget_exhausted"
+    attempt.budget_charges = ()
+    attempt.event(
+        EventType.ACTION_DENIED, reason="budget_exhausted", grant_id=refusal.grant_id,
+        metric=refusal.metric, window=refusal.window,
+    )  # fmt: skip
+    yield from control._record(attempt, attempt.receipt("denied", storable(str(named))))
+    return named

@@ -1,0 +1,106 @@
+"""Delegation and revocation through a Control: the checks, the record and its event, written
+together; a refusal writes only its ``DELEGATION_REJECTED`` event."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._attempt import fan_out
+from ._ledger import CREATED_VIA, DelegationRecord
+from ._time import format_ts
+from .action import Principal
+from .errors import AuthorityEscalation, IdentityError, InvalidArgument
+from .receipt import Event, EventType
+
+if TYPE_CHECKING:
+    from .authority import Delegation, Grant
+    from .control import Control
+
+__all__ = ["delegate", "revoke"]
+
+
+def _event(control: Control, type_: EventType, **data: Any) -> Event:
+    return Event(type=type_, ts=format_ts(control.clock()), data=data)
+
+
+def _reject(control: Control, parent_id: str, reason: str, dimension: str | None) -> None:
+    data: dict[str, Any] = {"reason": reason, "parent_id": parent_id}
+    if dimension is not None:
+        data["dimension"] = dimension
+    events, _ = control.store.record(events=[_event(control, EventType.DELEGATION_REJECTED, **data)])
+    fan_out(control.sinks, events, None)
+
+
+def _authority(control: Control, doing: str) -> Any:
+    if control.authority is None:
+        raise InvalidArgument(
+            f"cannot {doing}: the policy {control.policy.source} has no authority: section; "
+            "add one (schema ctrlrun.policy/v3 or later) with the grants to delegate from"
+        )
+    return control.authority
+
+
+def delegate(control: Control, parent_id: str, grant: Grant, *, by: Principal, created_via: str) -> Delegation:
+    """Check ``grant`` against ``parent_id`` and record it as a new ``dlg_`` delegation."""
+    from .authority import Grant, check_delegation, new_delegation_id, read_delegation
+
+    authority = _authority(control, f"delegate from {parent_id!r}")
+    if not isinstance(grant, Grant):
+        raise InvalidArgument(
+            f"delegate({parent_id!r}, ...) needs a ctrlrun.authority.Grant (see "
+            f"ctrlrun.authority.grant_from_yaml), got {type(grant).__name__}"
+        )
+    if grant.id:
+        raise InvalidArgument(
+            f"the delegated grant has id {grant.id!r}: a delegation gets its dlg_ id from the "
+            "Control; leave id empty"
+        )
+    if not isinstance(by, Principal):
+        raise InvalidArgument(f"delegate(by=...) needs a Principal, got {type(by).__name__}")
+    if created_via not in CREATED_VIA:
+        raise InvalidArgument(f"created_via must be one of {', '.join(CREATED_VIA)}, not {created_via!r}")
+    now = control.clock()
+    if by.expires_at is not None and now > by.expires_at:
+        _reject(control, parent_id, "principal_expired", None)
+        raise IdentityError(
+            f"delegation from {parent_id!r} refused: the principal {by.agent!r} expired at "
+            f"{format_ts(by.expires_at)}; renew its credential before delegating"
+        )
+    records = control.store.delegations(include_revoked=True)
+    try:
+        depth = check_delegation(authority, records, parent_id, grant, by, now)
+    except AuthorityEscalation as refusal:
+        _reject(control, parent_id, refusal.reason, refusal.dimension)
+        raise
+    record = DelegationRecord(
+        delegation_id=new_delegation_id(), parent_id=parent_id, depth=depth,
+        grant_json=grant.to_json(), created_by_agent=by.agent, created_by_user=by.user,
+        created_via=created_via, created_at=now,
+    )  # fmt: skip
+    created = _event(
+        control, EventType.DELEGATION_CREATED, delegation_id=record.delegation_id,
+        parent_id=parent_id, depth=depth, created_by_agent=by.agent, created_by_user=by.user,
+        created_via=created_via,
+    )  # fmt: skip
+    stored = control.store.put_delegation(record, events=[created])
+    fan_out(control.sinks, stored, None)
+    return read_delegation(record)
+
+
+def revoke(control: Control, delegation_id: str, *, by: str | None) -> bool:
+    """Revoke one delegation; ``False`` (no event) when it was revoked already."""
+    _authority(control, f"revoke {delegation_id!r}")
+    who = "api:local" if by is None else by
+    if not isinstance(who, str) or not who.strip():
+        raise InvalidArgument(f"revoke(by=...) must be a non-empty string, got {by!r}")
+    written: list[Event] = []
+
+    def events(record: DelegationRecord) -> list[Event]:
+        event = _event(control, EventType.DELEGATION_REVOKED, delegation_id=record.delegation_id, revoked_by=who)
+        written[:] = [event]
+        return written
+
+    revoked = control.store.revoke_delegation(delegation_id, by=who, at=control.clock(), events=events)
+    if revoked:
+        fan_out(control.sinks, written, None)
+    return revoked
