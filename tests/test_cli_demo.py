@@ -1,4 +1,4 @@
-"""``ctrlrun demo``: four scenarios through the real library, exact lines, 7 receipts, 34 events."""
+"""``ctrlrun demo``: five scenarios through the real library, exact lines, 8 receipts, 44 events."""
 
 from __future__ import annotations
 
@@ -11,28 +11,33 @@ from ctrlrun import SQLiteStateStore
 from ctrlrun.cli.demo_world import DEMO_FILES
 from ctrlrun.receipt import verify_chain
 
-from ._cli_helpers import invoke, tree
+from datetime import timedelta
+
+from ._cli_helpers import START, invoke, tree
 
 HEADINGS = [
     "1. Duplicate effect after a lost response",
     "2. Approval mutation",
     "3. Concurrent agents, same effect",
     "4. Approval replay",
+    "5. Authority escalation",
 ]
 REFUSALS = [
     "   ✗ BLOCKED — effect may already have committed; blind retry refused",
     "   ✗ BLOCKED — approved action ≠ requested action (mismatch)",
     "   ✗ BLOCKED — already reserved (in_progress)",
     "   ✗ BLOCKED — single-use approval already consumed",
+    "   ✗ BLOCKED — outside the delegated grant (authority_constraint)",
 ]
 TRAILER = [
     "",
-    "Receipts (7): .ctrlrun/demo/receipts.jsonl",
+    "Receipts (8): .ctrlrun/demo/receipts.jsonl",
     "Events:       .ctrlrun/demo/events.jsonl",
     "",
     "Read them:    CTRLRUN_STATE=.ctrlrun/demo/state.db ctrlrun receipts",
 ]
 APR = r"apr_[0-9a-f]{32}"
+DLG = r"dlg_[0-9a-f]{32}"
 
 
 def _sections(lines):
@@ -50,7 +55,7 @@ def test_demo_output(workdir):
     result = invoke(["demo"])
     assert result.code == 0, result.err
     lines = result.lines
-    assert lines[0].startswith("CTRLRun demo — ") and "four" in lines[0]
+    assert lines[0].startswith("CTRLRun demo — ") and "five" in lines[0]
     assert lines[1].startswith("Policy: ")
     assert [line for line in lines if re.match(r"^\d\. ", line)] == HEADINGS
     for heading in HEADINGS:
@@ -62,13 +67,26 @@ def test_demo_output(workdir):
         body = sections[heading]
         assert [line for line in body if "✗" in line] == [refusal]
         assert all(line.startswith("   ") for line in body)
-    one, two, _, four = (sections[h] for h in HEADINGS)
+    one, two, _, four, five = (sections[h] for h in HEADINGS)
     assert "   remote refund calls: 1" in one
     assert "   only a human moves it on:  ctrlrun resolve refund:txn_1 --committed|--failed" in one
     assert any(re.search(APR, line) for line in two)
     assert any(re.fullmatch(rf"   approval {APR} used once  →  consumed", line) for line in four)
     assert str(workdir) not in result.out  # relative paths only
-    assert "5. Authority escalation" not in result.out
+    assert five[0] == "   human €100,000 delegable  →  finance agent €25,000  →  support agent €2,000"
+    assert re.fullmatch(rf"   support agent's grant: {DLG}", five[1])
+    assert "   remote refund calls: 0" in five
+    assert any(line.endswith("refused (containment: constraints)") for line in five)
+    assert any(re.fullmatch(rf".*asks a human \({APR}\)", line) for line in five)
+    assert five[-1] == "   two axes, and an action needs both: the stricter of the pair wins"
+
+
+def test_demo_passes_in_ten_years(workdir):
+    """Every expiry comes from the run's clock: a fixed date would break the demo once passed."""
+    later = START + timedelta(days=3653)
+    result = invoke(["demo"], clock=lambda: later)
+    assert result.code == 0, result.err
+    assert "Receipts (8): " in result.out
 
 
 def test_demo_evidence(workdir):
@@ -86,16 +104,29 @@ def test_demo_evidence(workdir):
             ("allow", "committed", "refund:txn_123", "agent-a"),
             ("approve", "committed", "refund:txn_4", "support-agent"),
             ("approve", "blocked", "refund:txn_4", "support-agent"),
+            ("deny", "denied", "refund:txn_5", "support-agent"),
         ]
-        assert [r.seq for r in receipts] == list(range(1, 8))
+        assert [r.seq for r in receipts] == list(range(1, 9))
+        assert receipts[7].decision_reason == "authority_constraint"
+        assert receipts[7].authority_grant_id is None
+        assert [e.type for e in events[34:]] == [
+            "DELEGATION_CREATED", "DELEGATION_CREATED", "ACTION_PROPOSED", "AUTHORITY_DENIED",
+            "ACTION_DENIED", "DELEGATION_REJECTED", "ACTION_PROPOSED", "AUTHORITY_RESOLVED",
+            "POLICY_EVALUATED", "APPROVAL_REQUESTED",
+        ]
+        rejected, resolved, evaluated = events[39], events[41], events[42]
+        assert (rejected.data["reason"], rejected.data["dimension"]) == ("containment", "constraints")
+        assert resolved.data["depth"] == 2 and resolved.data["delegation_id"].startswith("dlg_")
+        assert (evaluated.data["decision"], evaluated.data["reason"]) == ("approve", "rule[1]")
+        assert events[34].action_id is None and events[39].action_id is None
         assert verify_chain(store).ok
-        assert len(events) == 34
+        assert len(events) == 44
         assert receipts[5].approver == "human:demo"
         assert "mismatch" in receipts[2].error and "consumed" in receipts[6].error
         assert not any(e.type in ("APPROVAL_GRANTED", "APPROVAL_DENIED") for e in events)
         jsonl = (directory / "receipts.jsonl").read_text(encoding="utf-8").splitlines()
         assert jsonl == [r.to_json() for r in receipts]
-        assert len((directory / "events.jsonl").read_text(encoding="utf-8").splitlines()) == 34
+        assert len((directory / "events.jsonl").read_text(encoding="utf-8").splitlines()) == 44
         assert [json.loads(line)["event_id"] for line in (directory / "events.jsonl").open()] == [
             e.event_id for e in events
         ]
@@ -106,8 +137,8 @@ def test_demo_evidence(workdir):
 def test_demo_can_be_read_with_the_cli(workdir, monkeypatch):
     assert invoke(["demo"]).code == 0
     monkeypatch.setenv("CTRLRUN_STATE", ".ctrlrun/demo/state.db")
-    assert len(invoke(["receipts"]).lines) == 7
-    assert invoke(["receipts", "--verify-chain"]).lines[0] == "chain: 7 of 7 receipts verified"
+    assert len(invoke(["receipts"]).lines) == 8
+    assert invoke(["receipts", "--verify-chain"]).lines[0] == "chain: 8 of 8 receipts verified"
     assert invoke(["effects", "--state", "ambiguous"]).out.startswith("refund:txn_1  ambiguous")
 
 
@@ -119,10 +150,10 @@ def test_demo_repeats_and_deletes_only_its_own_files(workdir):
     for _ in range(2):
         result = invoke(["demo"])
         assert result.code == 0, result.err
-        assert "Receipts (7): " in result.out
+        assert "Receipts (8): " in result.out
     assert (directory / "notes.txt").read_text(encoding="utf-8") == "keep me"
     assert (workdir / ".ctrlrun" / "state.db").read_text(encoding="utf-8") == "the operator's store"
-    assert len((directory / "receipts.jsonl").read_text(encoding="utf-8").splitlines()) == 7
+    assert len((directory / "receipts.jsonl").read_text(encoding="utf-8").splitlines()) == 8
     assert set(DEMO_FILES) >= {"state.db", "state.db-wal", "state.db-shm", "receipts.jsonl", "events.jsonl"}
 
 

@@ -1,4 +1,4 @@
-"""``ctrlrun demo``: four failure scenarios run through the real library, in one process, offline."""
+"""``ctrlrun demo``: five failure scenarios run through the real library, in one process, offline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import click
 from .. import context, with_approval
 from ..errors import AmbiguousEffect, ApprovalMismatch, ApprovalRequired, CTRLRunError, DuplicateEffect
 from ..receipt import verify_chain
+from .demo_authority import authority_escalation
 from .demo_world import DEMO_APPROVER, DEMO_DIR, POLICY_SUMMARY, DemoWorld, build_world
+from .stores import Settings
 from .text import say
 
 __all__ = ["demo"]
@@ -162,18 +164,17 @@ SCENARIOS: tuple[tuple[str, Callable[[DemoWorld], bool]], ...] = (
     ("2. Approval mutation", approval_mutation),
     ("3. Concurrent agents, same effect", concurrent_agents),
     ("4. Approval replay", approval_replay),
+    ("5. Authority escalation", authority_escalation),
 )
 
 
 @click.command()
-def demo() -> None:
-    """Run four failure scenarios in process, offline, in ./.ctrlrun/demo/."""
-    say(
-        "CTRLRun demo — four failure scenarios, in process, offline "
-        "(the fifth, authority escalation, needs the authority model, not built yet)"
-    )
+@click.pass_obj
+def demo(settings: Settings) -> None:
+    """Run five failure scenarios in process, offline, in ./.ctrlrun/demo/."""
+    say("CTRLRun demo — five failure scenarios, in process, offline")
     say(POLICY_SUMMARY)
-    world = build_world(Path.cwd())
+    world = build_world(Path.cwd(), clock=settings.clock)
     failed: list[str] = []
     try:
         for heading, scenario in SCENARIOS:

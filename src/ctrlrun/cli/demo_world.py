@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._time import Clock, utc_now
 from ..approvals import ScriptedApprovalProvider
 from ..control import Control
 from ..policy import Policy
@@ -85,19 +86,20 @@ def clear_demo_dir(root: Path) -> Path:
     return directory
 
 
-def build_world(root: Path) -> DemoWorld:
+def build_world(root: Path, *, clock: Clock = utc_now) -> DemoWorld:
     """A Control over a fresh SQLite store in ``<root>/.ctrlrun/demo``; reads no CTRLRUN_* variable."""
     directory = clear_demo_dir(root)
     policy = Policy.from_yaml(DEMO_POLICY, source="<ctrlrun demo policy>")
-    store = SQLiteStateStore(directory / "state.db")
+    store = SQLiteStateStore(directory / "state.db", clock=clock)
     try:
-        approver = ScriptedApprovalProvider(store, ["grant"] * 4, approver=DEMO_APPROVER)
+        approver = ScriptedApprovalProvider(store, ["grant"] * 4, approver=DEMO_APPROVER, clock=clock)
         control = Control(
             policy,
             store,
             approver,
             sinks=(JSONLEventSink(directory),),
             environment="production",
+            clock=clock,
         )
     except BaseException:
         store.close()
