@@ -10,6 +10,7 @@ import click
 from .. import __version__
 from ..errors import CTRLRunError
 from .commands_approvals import approve, deny
+from .commands_authority import delegate, inspect, revoke
 from .commands_effects import effects, resolve
 from .commands_pending import pending
 from .commands_policy import init, policy
@@ -62,10 +63,10 @@ class CtrlrunGroup(click.Group):
 @click.version_option(__version__, "--version", prog_name="ctrlrun", message="%(prog)s, version %(version)s")
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    """ctrlrun: answer approvals, settle unknown outcomes, read and verify receipts."""
+    """ctrlrun: answer approvals, settle unknown outcomes, delegate grants, read and verify receipts."""
     ctx.ensure_object(Settings)
     reset_output()
 
 
-for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy):
+for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect):
     cli.add_command(_command)

@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from .._time import format_ts
+from .._ledger import Consumption
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError, InvalidArgument
 from ..answers import resolve_events
@@ -96,6 +97,7 @@ def effects(settings: Settings, state: str | None, as_json: bool, store_url: str
     """List effect records in creation order."""
     with open_operator_store(settings, store_url, read_only=True) as store:
         records = () if state == EffectState.NEW.value else store.list_effects(state)
+        held = _unreleased(store) if records else {}
     if not records:
         say_prose("no effects yet" if state is None else f"no effects are {state}", as_json=as_json)
         return
@@ -103,7 +105,29 @@ def effects(settings: Settings, state: str | None, as_json: bool, store_url: str
     for record in records:
         if reader_gone():
             return
+        charges = held.get(record.effect_key, [])
         if as_json:
-            say_raw(compact_json(_effect_document(record, now)))
+            document = _effect_document(record, now)
+            document["budget_charges"] = [
+                {"grant_id": c.grant_id, "metric": c.metric, "amount": c.amount} for c in charges
+            ]
+            say_raw(compact_json(document))
         else:
-            say(_effect_line(record, now))
+            say(_effect_line(record, now) + _charges_text(record, charges))
+
+
+def _unreleased(store: Any) -> dict[str, list[Consumption]]:
+    """Each effect key's un-released budget charges, in ledger order."""
+    held: dict[str, list[Consumption]] = {}
+    for row in store.consumptions():
+        if row.released_at is None:
+            held.setdefault(row.effect_key, []).append(row)
+    return held
+
+
+def _charges_text(record: EffectRecord, charges: list[Consumption]) -> str:
+    """``  spent 90000 amount on g`` for a committed record, else ``  holds …``; nothing if none."""
+    if not charges:
+        return ""
+    word = "spent" if record.state is EffectState.COMMITTED else "holds"
+    return f"  {word} " + ", ".join(f"{c.amount} {c.metric} on {c.grant_id}" for c in charges)
