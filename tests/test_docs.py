@@ -7,6 +7,8 @@ How a page is run (one test per page, in a fresh temporary directory, no ``CTRLR
 - ```` ```yaml ```` blocks are policies: each loads with ``Policy.from_yaml``. A block whose first
   lines carry ``# error: TEXT`` must fail with a ``PolicyError`` whose message contains ``TEXT``
   (``# error`` alone: any ``PolicyError``). ``# file: NAME`` also writes the block to ``NAME``.
+  A block marked ``# grant`` is one delegated grant instead: it loads with
+  ``ctrlrun.authority.grant_from_yaml``.
 - ```` ```console ```` blocks: every ``$ ctrlrun …`` line runs the CLI (in process), every
   ``$ python FILE …`` line runs Python on a file of the page (a subprocess), ``$ echo $?`` prints
   the previous exit status, and ``NAME=value`` prefixes set environment variables. The output
@@ -79,10 +81,10 @@ def pages() -> list[Path]:
 
 
 def markers(body: str) -> dict[str, str]:
-    """The ``# file: NAME`` / ``# error: TEXT`` comments at the top of a block."""
+    """The ``# file: NAME`` / ``# error: TEXT`` / ``# grant`` comments at the top of a block."""
     found: dict[str, str] = {}
     for line in body.splitlines():
-        match = re.match(r"#\s*(file|error)\b:?\s*(.*)$", line.strip())
+        match = re.match(r"#\s*(file|error|grant)\b:?\s*(.*)$", line.strip())
         if not match:
             break
         found[match.group(1)] = match.group(2).strip()
@@ -123,7 +125,11 @@ class Page:
         marks = markers(block.body)
         if "file" in marks:
             (self.directory / marks["file"]).write_text(block.body, encoding="utf-8")
-        if "error" in marks:
+        if "grant" in marks:
+            from ctrlrun.authority import grant_from_yaml
+
+            grant_from_yaml(block.body)
+        elif "error" in marks:
             with pytest.raises(PolicyError) as refused:
                 Policy.from_yaml(block.body, source=marks.get("file") or "<string>")
             assert marks["error"] in str(refused.value), (

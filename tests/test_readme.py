@@ -18,7 +18,7 @@ import pytest
 from .vectors import ROOT
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-APPROVAL = re.compile(r"apr_[0-9a-f]{32}")
+APPROVAL = re.compile(r"(?:apr|dlg)_[0-9a-f]{32}")  # ids a later command names again
 VOLATILE = {
     "timestamp": r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",
     "receipt id": r"ctr_[0-9a-f]{32}",
@@ -63,7 +63,7 @@ def expected_pattern(line: str, ids: dict[str, str]) -> re.Pattern[str]:
     for match in APPROVAL.finditer(line):
         pattern += _volatile(line[position : match.start()])
         token = match.group()
-        pattern += re.escape(ids[token]) if token in ids else f"(?P<{token}>apr_[0-9a-f]{{32}})"
+        pattern += re.escape(ids[token]) if token in ids else f"(?P<{token}>{token[:4]}[0-9a-f]{{32}})"
         position = match.end()
     return re.compile(pattern + _volatile(line[position:]) + r"\Z")
 
