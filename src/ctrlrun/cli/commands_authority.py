@@ -76,8 +76,9 @@ def delegate(settings: Settings, parent_id: str, grant_file: Path, as_: str, as_
     with _control(settings, store_url) as control:
         try:
             made = control.delegate(parent_id, grant, by=by, created_via="cli")
-        except AuthorityEscalation as exc:
-            raise CTRLRunError(f"{exc.reason}: {exc}") from None
+        except AuthorityEscalation as exc:  # "<reason>: <message>", the reason said once
+            message = str(exc).replace(f"refused: {exc.reason}: ", "refused: ")
+            raise CTRLRunError(f"{exc.reason}: {message}") from None
     if as_json:
         say_raw(compact_json({
             "delegation_id": made.delegation_id, "parent_id": made.parent_id, "depth": made.depth,
