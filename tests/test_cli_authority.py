@@ -42,7 +42,7 @@ actions: ["stripe.refund"]
 delegable: {delegable}
 expires_at: "2098-01-01T00:00:00Z"
 budgets:
-  - {{ metric: amount, limit: {limit}, window: PT2H }}
+  - {{ metric: amount, limit: {limit}, window: P2D }}
 """
 DLG = re.compile(r"dlg_[0-9a-f]{32}")
 
@@ -177,7 +177,7 @@ def test_inspect_and_effects_show_what_is_spent_and_held_until_resolved(team: Pa
     assert inspected.code == 0, inspected.err
     assert inspected.lines == [
         f"grant {dlg}",
-        "  amount: 45000 of 50000 per 2 hours, 25000 held",
+        "  amount: 45000 of 50000 per 2 days, 25000 held",
         "    25000 held by refund:p2 (ambiguous)",
         "      ctrlrun resolve refund:p2 --committed|--failed",
     ]
@@ -194,8 +194,8 @@ def test_inspect_and_effects_show_what_is_spent_and_held_until_resolved(team: Pa
     assert invoke(["effects", "--state", "failed"]).lines[0].endswith("(lease expired)") is False
     assert "holds" not in invoke(["effects", "--state", "failed"]).out
     # outside its window the spent charge no longer counts
-    later = invoke(["inspect", "--grant", dlg], clock=lambda: START + timedelta(hours=3))
-    assert later.lines[1] == "  amount: 0 of 50000 per 2 hours, 0 held"
+    later = invoke(["inspect", "--grant", dlg], clock=lambda: START + timedelta(days=3))
+    assert later.lines[1] == "  amount: 0 of 50000 per 2 days, 0 held"
 
 
 def test_inspect_refuses_an_unknown_grant_and_a_policy_without_authority(team: Path) -> None:
