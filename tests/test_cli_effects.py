@@ -144,8 +144,10 @@ def test_effects_json(project):
     documents = [json.loads(line) for line in result.lines]
     assert list(documents[0]) == [
         "effect_key", "state", "attempt", "action_id", "created_at", "updated_at",
-        "lease_expires_at", "lease_expired", "resolved_by", "error",
+        "lease_expires_at", "lease_expired", "resolved_by", "error", "budget_charges",
     ]  # fmt: skip
+    for document in documents:
+        assert document.pop("budget_charges") == []  # no authority: nothing charged
     assert documents == [
         {"effect_key": "refund:txn_1", "state": "committed", "attempt": 1, "action_id": one.action_id,
          "created_at": "2026-11-30T09:00:00.000Z", "updated_at": "2026-11-30T09:00:00.000Z",
