@@ -146,6 +146,8 @@ def _grant(
     ``stored`` reads the ``grant_json`` form (null = absent, windows in seconds)."""
     if not isinstance(grant, dict):
         raise ctx.error(where, f"a grant must be a mapping, got {type_name(grant)}")
+    if root and isinstance(grant.get("id"), str) and grant["id"]:
+        where = f"{prefix}grant {grant['id']!r}"
     allowed = tuple(GRANT_KEYS) if root else tuple(k for k in GRANT_KEYS if k != "id")
     if not root and "id" in grant:
         raise ctx.error(
@@ -180,7 +182,14 @@ def _grant(
             fields[key] = _strings(ctx, where, key, grant[key], grant)
     if "constraints" in grant:
         constraints = grant["constraints"]
-        if isinstance(constraints, dict) and "mode" in constraints:
+        if not isinstance(constraints, dict):
+            raise ctx.error(
+                where,
+                f"constraints must be a non-empty mapping of conditions ({{amount_lte: 50000}}), "
+                f"got {describe(constraints)}; omit it for none",
+                grant,
+            )
+        if "mode" in constraints:
             raise ctx.error(where, _MODE_TOP, constraints)
         fields["constraints"] = constraints
     if "delegable" in grant:
