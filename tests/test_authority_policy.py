@@ -6,7 +6,14 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ctrlrun.authority import Authority, Budget, Grant, grant_from_mapping, grant_from_yaml, parse_window
+from ctrlrun.authority import (
+    Authority,
+    Budget,
+    Grant,
+    grant_from_mapping,
+    grant_from_yaml,
+    parse_window,
+)
 from ctrlrun.errors import PolicyError
 from ctrlrun.policy import Policy
 
@@ -91,12 +98,16 @@ def test_hash_sees_parsed_values() -> None:
     assert hash_of(WORKED.replace("00:00:00Z", "00:00:00+00:00")) == WORKED_HASH
     # the written offset is kept: the same instant written at +02:00 is a different document
     assert hash_of(WORKED.replace("T00:00:00Z", "T02:00:00+02:00")) != WORKED_HASH
-    flow = WORKED.replace("amount_gte: 0, amount_lte: 10000000 }", "amount_lte: 10000000, amount_gte: 0 }")
+    flow = WORKED.replace(
+        "amount_gte: 0, amount_lte: 10000000 }", "amount_lte: 10000000, amount_gte: 0 }"
+    )
     assert hash_of(flow) == WORKED_HASH
 
 
 def test_hash_member_is_the_parsed_form() -> None:
-    policy = Policy.from_yaml(WORKED.replace("delegable: true", "delegable: true\n      tasks: [run]"))
+    policy = Policy.from_yaml(
+        WORKED.replace("delegable: true", "delegable: true\n      tasks: [run]")
+    )
     authority = Authority.from_section(policy.authority or {})
     member = authority.hash_member()
     assert member["break_glass"] == {} and member["max_delegation_depth"] == 2
@@ -189,7 +200,11 @@ def test_grants_must_be_a_list() -> None:
         ("- id: g1\n      subject", "- subject", ("needs 'id'",)),
         ("subject: {agent: support}", "subject: {}", ("g1", "neither agent nor user")),
         ("subject: {agent: support}", "subject: support", ("subject", "mapping")),
-        ("subject: {agent: support}", "subject: {agent: support, role: x}", ("role", "agent, user")),
+        (
+            "subject: {agent: support}",
+            "subject: {agent: support, role: x}",
+            ("role", "agent, user"),
+        ),
         ("subject: {agent: support}", "subject: {agent: null}", ("subject agent",)),
         ("subject: {agent: support}", "subject: {agent: '**'}", ("subject agent", "'**'")),
         ("subject: {agent: support}", "subject: {agent: '*bot'}", ("subject agent",)),
@@ -249,7 +264,10 @@ def test_grant_refusals(replace: str, by: str, needles: tuple[str, ...]) -> None
         ("budgets: {metric: amount}", ("budgets", "list")),
         ("budgets: [amount]", ("budget", "mapping")),
         ("budgets: [{metric: amount, limit: 5}]", ("budget", "'window'")),
-        ("budgets: [{metric: amount, limit: 5, window: P1D, per: x}]", ("'per'", "metric, limit, window")),
+        (
+            "budgets: [{metric: amount, limit: 5, window: P1D, per: x}]",
+            ("'per'", "metric, limit, window"),
+        ),
         ("budgets: [{metric: amount, limit: 5, window: P1D, mode: x}]", ("top-level",)),
         ("budgets: [{metric: '', limit: 5, window: P1D}]", ("metric",)),
         ("budgets: [{metric: amount, limit: true, window: P1D}]", ("limit",)),
@@ -306,16 +324,44 @@ def test_accepted_forms() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("PT24H", 86400), ("P1D", 86400), ("PT90S", 90), ("P1DT2H", 93600), ("PT1M", 60),
-     ("P1DT1H1M1S", 90061), ("P36525D", 36525 * 86400)],
+    [
+        ("PT24H", 86400),
+        ("P1D", 86400),
+        ("PT90S", 90),
+        ("P1DT2H", 93600),
+        ("PT1M", 60),
+        ("P1DT1H1M1S", 90061),
+        ("P36525D", 36525 * 86400),
+    ],
 )
 def test_parse_window(text: str, seconds: int) -> None:
     assert parse_window(text) == seconds
 
 
 @pytest.mark.parametrize(
-    "text", ["P", "PT", "P1DT", "P1M", "P1Y", "P1W", "PT1.5S", "P1.5D", "1D", "p1d", "P-1D",
-             "PT0S", "P0D", "P36526D", " P1D", "P1D ", "P١D", 86400, None, True]
+    "text",
+    [
+        "P",
+        "PT",
+        "P1DT",
+        "P1M",
+        "P1Y",
+        "P1W",
+        "PT1.5S",
+        "P1.5D",
+        "1D",
+        "p1d",
+        "P-1D",
+        "PT0S",
+        "P0D",
+        "P36526D",
+        " P1D",
+        "P1D ",
+        "P١D",
+        86400,
+        None,
+        True,
+    ],
 )
 def test_parse_window_refuses(text: object) -> None:
     with pytest.raises(PolicyError):
@@ -328,15 +374,24 @@ def test_parse_window_refuses(text: object) -> None:
 def test_grant_from_yaml_refuses_an_id_and_gives_a_child() -> None:
     with pytest.raises(PolicyError, match="id"):
         grant_from_yaml("id: x\nsubject: {agent: a}\nactions: [x]\n")
-    child = grant_from_yaml("subject: {agent: a}\nactions: [x]\nbudgets: [{metric: count, limit: 1, window: P1D}]\n")
+    child = grant_from_yaml(
+        "subject: {agent: a}\nactions: [x]\nbudgets: [{metric: count, limit: 1, window: P1D}]\n"
+    )
     assert child.id == "" and child.agent == "a" and child.budgets == (Budget("count", 1, 86400),)
-    for bad in ("", "- a\n", "subject: {agent: a}\n", "subject: {agent: a}\nactions: [x]\ncolour: red\n"):
+    for bad in (
+        "",
+        "- a\n",
+        "subject: {agent: a}\n",
+        "subject: {agent: a}\nactions: [x]\ncolour: red\n",
+    ):
         with pytest.raises(PolicyError):
             grant_from_yaml(bad)
 
 
 def test_grant_from_mapping() -> None:
-    grant = grant_from_mapping({"id": "g", "subject": {"user": "u"}, "actions": ("a.*",)}, root=True)
+    grant = grant_from_mapping(
+        {"id": "g", "subject": {"user": "u"}, "actions": ("a.*",)}, root=True
+    )
     assert grant.id == "g" and grant.user == "u" and grant.actions == ("a.*",)
     with pytest.raises(PolicyError, match="<here>.*'id'"):
         grant_from_mapping({"subject": {"user": "u"}, "actions": ["a"]}, root=True, where="<here>")
@@ -398,3 +453,14 @@ def test_authority_built_in_python_is_validated() -> None:
     ):
         with pytest.raises(PolicyError):
             Authority(**kwargs)  # type: ignore[arg-type]
+
+
+def test_grants_pickle_and_copy() -> None:
+    import copy
+    import pickle
+
+    grant = Authority.from_section(Policy.from_yaml(WORKED).authority or {}).grants[0]
+    for clone in (pickle.loads(pickle.dumps(grant)), copy.deepcopy(grant), copy.copy(grant)):
+        assert clone == grant and clone.to_json() == grant.to_json()
+        assert clone.holds({"amount": 5}, "stripe.refund")
+        assert not clone.holds({"amount": -5}, "stripe.refund")

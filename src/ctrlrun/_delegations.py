@@ -110,7 +110,15 @@ def read_delegation(record: DelegationRecord) -> Delegation:
     except (CTRLRunError, TypeError, ValueError) as exc:
         raise bad(str(exc)) from None
     return Delegation(
-        raw_id, parent, depth, grant, creator, via, cast(datetime, created_at), revoked_at, revoked_by
+        raw_id,
+        parent,
+        depth,
+        grant,
+        creator,
+        via,
+        cast(datetime, created_at),
+        revoked_at,
+        revoked_by,
     )
 
 

@@ -15,8 +15,7 @@ __all__ = ["GLOBSTAR", "pattern_contains", "pattern_matches", "pattern_problem"]
 GLOBSTAR = "**"
 _FORBIDDEN = ("?", "[", "]")
 _SHAPE = (
-    "a segment is a literal or a literal followed by one '*', and only the last segment may "
-    "be '**'"
+    "a segment is a literal or a literal followed by one '*', and only the last segment may be '**'"
 )
 
 

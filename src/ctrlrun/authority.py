@@ -84,9 +84,7 @@ class Authority:
 
     max_delegation_depth: int = DEFAULT_MAX_DEPTH
     grants: tuple[Grant, ...] = ()
-    _roots: Mapping[str, Grant] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    _roots: Mapping[str, Grant] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         depth = self.max_delegation_depth
@@ -234,13 +232,17 @@ def _resolve(
             continue
         walked = walk(delegation, roots, graph, authority.max_delegation_depth, now)
         if walked.reason is not None:
-            denial = _denied(walked.reason, delegation_id, delegation_id, walked.depth, walked.detail)
+            denial = _denied(
+                walked.reason, delegation_id, delegation_id, walked.depth, walked.detail
+            )
             failing.append((_RANK[walked.reason], delegation_id, denial))
             continue
         reason = _own_rules(grant, action, task, now)
         if reason is None:
             passing.append(
-                Resolution(True, PASSED, delegation_id, delegation_id, walked.depth, chain=walked.chain)
+                Resolution(
+                    True, PASSED, delegation_id, delegation_id, walked.depth, chain=walked.chain
+                )
             )
         else:
             denial = _denied(reason, delegation_id, delegation_id, walked.depth)

@@ -12,7 +12,13 @@ from typing import Any
 from .._patterns import pattern_problem
 from ..action import canonical_bytes, freeze, thaw
 from ..errors import PolicyError
-from .conditions import DATA_SCOPE, Condition, ConditionError, compile_condition, split_condition_key
+from .conditions import (
+    DATA_SCOPE,
+    Condition,
+    ConditionError,
+    compile_condition,
+    split_condition_key,
+)
 from .context import describe, type_name
 
 __all__ = [
@@ -277,7 +283,9 @@ class Grant:
             set_(self, "environments", _names(label, self.environments))
         if type(self.delegable) is not bool:
             raise GrantInvalid(
-                label, "delegable", f"delegable must be true or false, got {describe(self.delegable)}"
+                label,
+                "delegable",
+                f"delegable must be true or false, got {describe(self.delegable)}",
             )
         if self.expires_at is not None:
             if not isinstance(self.expires_at, _dt.datetime) or self.expires_at.utcoffset() is None:
@@ -346,6 +354,25 @@ class Grant:
         """Each constraint as ``(key, argument, op, operand)``, in written order."""
         return self._parts
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # rebuilt from its fields: the compiled constraints are closures and do not pickle
+        return (
+            Grant,
+            (
+                self.id,
+                self.agent,
+                self.user,
+                self.actions,
+                self.resources,
+                None if self.constraints is None else thaw(self.constraints),
+                self.environments,
+                self.delegable,
+                self.expires_at,
+                self.tasks,
+                self.budgets,
+            ),
+        )
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Grant):
             return NotImplemented
@@ -353,4 +380,3 @@ class Grant:
 
     def __hash__(self) -> int:
         return hash((self.id, self._json))
-

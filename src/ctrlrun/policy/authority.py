@@ -54,9 +54,7 @@ def _closed(ctx: LoadContext, where: str, what: str, value: Any, allowed: Any) -
         raise ctx.error(where, _MODE_TOP, value)
     for key in value:
         if key not in allowed:
-            raise ctx.error(
-                where, f"unknown key {key!r}; {what} takes {', '.join(allowed)}", value
-            )
+            raise ctx.error(where, f"unknown key {key!r}; {what} takes {', '.join(allowed)}", value)
 
 
 def _list(ctx: LoadContext, where: str, key: str, value: Any, node: Any) -> list[Any]:
@@ -74,9 +72,7 @@ def _strings(ctx: LoadContext, where: str, key: str, value: Any, node: Any) -> t
     items = _list(ctx, where, key, value, node)
     for item in items:
         if not isinstance(item, str):
-            raise ctx.error(
-                where, f"{key} item {describe(item)} must be a string (quote it)", node
-            )
+            raise ctx.error(where, f"{key} item {describe(item)} must be a string (quote it)", node)
     return tuple(items)
 
 
@@ -212,14 +208,10 @@ def parse_section(ctx: LoadContext, value: Any) -> tuple[int, tuple[Grant, ...]]
     mapping; ``PolicyError`` naming the first fault."""
     where = "authority"
     if not isinstance(value, dict):
-        raise ctx.error(
-            where, f"authority must be a mapping with 'grants', got {type_name(value)}"
-        )
+        raise ctx.error(where, f"authority must be a mapping with 'grants', got {type_name(value)}")
     _closed(ctx, where, "authority", value, AUTHORITY_KEYS)
     if "break_glass" in value:
-        raise ctx.error(
-            where, "break_glass is reserved and not supported yet; remove it", value
-        )
+        raise ctx.error(where, "break_glass is reserved and not supported yet; remove it", value)
     if "grants" not in value:
         raise ctx.error(
             where, "authority needs 'grants' (a list); use 'authority: null' for none", value
@@ -273,9 +265,7 @@ def _context(where: str) -> LoadContext:
     return LoadContext(source=where, level=_LATEST)
 
 
-def grant_from_mapping(
-    value: Mapping[str, Any], *, root: bool, where: str = "<grant>"
-) -> Grant:
+def grant_from_mapping(value: Mapping[str, Any], *, root: bool, where: str = "<grant>") -> Grant:
     """A ``Grant`` from a mapping of grant keys (``id`` only when ``root``); ``PolicyError``
     naming the key."""
     plain = thaw(value) if isinstance(value, Mapping) else value
