@@ -100,7 +100,7 @@ class Policy:
         self._compiled = {name: _Compiled(plan, order) for name, plan in document.entries.items()}
         self._hash_base = {
             "actions": copy.deepcopy(document.actions_raw),
-            "authority": copy.deepcopy(document.authority_raw),
+            "authority": copy.deepcopy(document.authority_hash),
             "controls": copy.deepcopy(document.controls_raw),
             "mode": document.mode,
             "schema": document.schema,

@@ -79,6 +79,7 @@ class Document:
     actions_raw: dict[str, Any]
     controls_raw: dict[str, Any] | None
     authority_raw: dict[str, Any] | None
+    authority_hash: dict[str, Any] | None = None
     registry: dict[str, ControlDef] = field(default_factory=dict)
     entries: dict[str, EntryPlan] = field(default_factory=dict)
 
@@ -456,8 +457,9 @@ def validate_document(ctx: LoadContext, doc: Any) -> Document:
     controls_raw = doc.get("controls")
     registry = _registry(ctx, controls_raw) if controls_raw is not None else {}
     authority_raw = doc.get("authority")
+    authority_hash = None
     if authority_raw is not None:
-        validate_authority(ctx, authority_raw)
+        authority_hash = validate_authority(ctx, authority_raw)
     entries = {name: _entry(ctx, name, entry, registry) for name, entry in actions.items()}
     return Document(
         schema=ctx.schema,
@@ -468,6 +470,7 @@ def validate_document(ctx: LoadContext, doc: Any) -> Document:
         actions_raw=actions,
         controls_raw=controls_raw,
         authority_raw=authority_raw,
+        authority_hash=authority_hash,
         registry=registry,
         entries=entries,
     )
