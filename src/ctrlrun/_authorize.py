@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ._attempt import Attempt, storable
 from ._ledger import Charge, ledger_rows
 from ._steps import Steps, call
-from .errors import ActionDenied, AuthorityDenied, BudgetExhausted
+from .errors import ActionDenied, AuthorityDenied, BudgetExhausted, InvalidArgument
 from .receipt import EventType
 
 if TYPE_CHECKING:
@@ -42,7 +42,13 @@ def authority_of(policy_section: Mapping[str, Any] | None, override: Any) -> Aut
 
     if isinstance(override, Authority):
         return override
-    return Authority.from_section(override if override is not None else policy_section)
+    section = override if override is not None else policy_section
+    if not isinstance(section, Mapping):
+        raise InvalidArgument(
+            f"Control(authority=...) takes a ctrlrun.authority.Authority or an authority section "
+            f"(a mapping with grants), not {type(section).__name__}"
+        )
+    return Authority.from_section(section)
 
 
 def authorize(control: Control, attempt: Attempt) -> Steps[Resolution]:

@@ -103,6 +103,8 @@ class Control:
             store, clock=clock
         )
         self._authority = authority_of(policy.authority, authority)
+        if authority is not None and self._authority is not None:  # the hash names what is enforced
+            self._policy_hash = policy.runtime_hash(self._environment, authority=self._authority.hash_member())
         self._straight = Straight(self)
 
     # -- construction from files ---------------------------------------------------------

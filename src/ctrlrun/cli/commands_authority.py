@@ -93,7 +93,8 @@ def delegate(settings: Settings, parent_id: str, grant_file: Path, as_: str, as_
 
 def _beneath(records: Any, root: str) -> list[Any]:
     """The delegations strictly beneath ``root``, at any depth, in creation order."""
-    below, frontier = set(), {root}
+    below: set[str] = set()
+    frontier = {root}
     while frontier:
         frontier = {r.delegation_id for r in records if r.parent_id in frontier} - below
         below |= frontier

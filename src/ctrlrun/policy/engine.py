@@ -208,8 +208,15 @@ class Policy:
         """``"sha256:" + hex`` over the canonical policy (environment as the document says)."""
         return self._policy_hash
 
-    def runtime_hash(self, environment: str | None = None) -> str:
-        """The hash with the effective environment substituted; ``policy_hash`` when it is the document's."""
+    def runtime_hash(self, environment: str | None = None, *, authority: Mapping[str, Any] | None = None) -> str:
+        """The hash with the effective environment substituted; ``policy_hash`` when it is the
+        document's. ``authority``: the hashed form of an authority enforced instead of the
+        document's own section (``Authority.hash_member()``)."""
+        if authority is not None:
+            document = dict(self._hash_base, authority=dict(authority))
+            if environment is not None:
+                document["environment"] = environment
+            return sha256_hex(canonical_bytes(document))
         if environment is None:
             return self._policy_hash
         if not isinstance(environment, str) or not environment:
@@ -327,12 +334,6 @@ class Policy:
     def unenforced_features(self) -> list[str]:
         """Features the document uses that this version's runtime does not enforce yet."""
         features: list[str] = []
-        authority = self._doc.authority_raw
-        if authority is not None:
-            grants = authority.get("grants") or []
-            names = sorted({a for g in grants for a in g.get("actions", [])})
-            shown = ", ".join(names[:3]) + (", …" if len(names) > 3 else "")
-            features.append(f"authority: ({shown or 'no grants'})")
 
         def per_action(key: str, pick: Any) -> None:
             hits = []
