@@ -269,3 +269,22 @@ def test_an_expired_delegator_is_refused_and_recorded(world: World) -> None:
     event = [e for e in world.store.events() if e.type == "DELEGATION_REJECTED"][-1]
     assert event.data == {"reason": "principal_expired", "parent_id": "head-of-support"}
     assert world.store.delegations() == ()
+
+
+def test_an_authority_override_is_enforced_and_named_by_the_policy_hash(store: Any, clock: FakeClock) -> None:
+    from ctrlrun.authority import Authority
+
+    plain = Policy.from_yaml("schema: ctrlrun.policy/v3\nactions:\n  a.b:\n    decision: allow\n")
+    section = {"grants": [{"id": "only-ops", "subject": {"agent": "ops"}, "actions": ["a.b"]}]}
+    for override in (section, Authority.from_section(section)):
+        control = Control(plain, store, clock=clock, authority=override)
+        assert control.authority is not None and control.authority.root("only-ops") is not None
+        assert control.policy_hash != plain.policy_hash
+        action = ctrlrun.Action("a.b", {}, ctrlrun.Principal("someone"))
+        assert tuple(control.evaluate(action))[:2] == ("deny", "no_authority")
+        with pytest.raises(AuthorityDenied):
+            control.execute(action, lambda: None)
+        assert store.receipts()[-1].policy_hash == control.policy_hash
+    assert Control(plain, store, clock=clock).policy_hash == plain.policy_hash
+    with pytest.raises(InvalidArgument, match="authority"):
+        Control(plain, store, clock=clock, authority=["not", "a", "section"])
