@@ -58,11 +58,13 @@ def test_a_duplicate_id_is_refused_never_overwritten(store: StoreOps, clock):
 
 def test_put_writes_its_events_in_the_same_transaction(store: StoreOps, clock):
     before = store.transactions
-    store.put_delegation(
+    returned = store.put_delegation(
         record(1, clock), events=[event(EventType.DELEGATION_CREATED, delegation_id=dlg(1))]
     )
     assert store.transactions == before + 1
     (stored,) = store.events()
+    assert returned == (stored,) and stored.event_id is not None
+    assert store.put_delegation(record(2, clock)) == ()
     assert stored.type is EventType.DELEGATION_CREATED and stored.data["delegation_id"] == dlg(1)
 
 

@@ -136,8 +136,11 @@ class StateStore(Protocol):
         ...
 
     # authority: delegation records and the budget ledger
-    def put_delegation(self, record: DelegationRecord, *, events: Sequence[Event] = ()) -> None:
-        """Insert a delegation with its events; a taken id is ``InvalidArgument``."""
+    def put_delegation(
+        self, record: DelegationRecord, *, events: Sequence[Event] = ()
+    ) -> tuple[Event, ...]:
+        """Insert a delegation with its events (handed back stored); a taken id is
+        ``InvalidArgument``."""
         ...
 
     def get_delegation(self, delegation_id: str) -> DelegationRecord | None: ...

@@ -13,7 +13,7 @@ from ..errors import InvalidArgument
 from ..receipt import Event
 from .ledger import check_delegation, check_filter, check_moment
 from .rows import Tx
-from .steps import _check_id, event_rows
+from .steps import _check_id, _stored, event_rows
 
 __all__ = ["LedgerOps"]
 
@@ -32,22 +32,25 @@ class LedgerOps:
 
     # -- delegations
 
-    def put_delegation(self, record: DelegationRecord, *, events: Sequence[Event] = ()) -> None:
-        """Insert a delegation and its events in one transaction; a taken id is refused
-        (``InvalidArgument``), never overwritten."""
+    def put_delegation(
+        self, record: DelegationRecord, *, events: Sequence[Event] = ()
+    ) -> tuple[Event, ...]:
+        """Insert a delegation and its events in one transaction: the events as stored (with
+        their ids, for the sinks). A taken id is refused (``InvalidArgument``), never
+        overwritten."""
         check_delegation(record)
         rows = event_rows(events)
 
-        def put(tx: Tx, now: datetime) -> None:
+        def put(tx: Tx, now: datetime) -> tuple[Event, ...]:
             if not tx.insert_delegation(record):
                 raise InvalidArgument(
                     f"delegation {record.delegation_id} already exists; a delegation is "
                     "written once: mint a new id for a new delegation"
                 )
-            if rows:
-                tx.insert_events(rows)
+            tx.returning = True
+            return _stored(tx, rows, tx.insert_events(rows)) if rows else ()
 
-        self._write(put)
+        return self._write(put)
 
     def get_delegation(self, delegation_id: str) -> DelegationRecord | None:
         _check_id(delegation_id, "delegation_id")
