@@ -224,6 +224,7 @@ def charge(
 
 
 def release_on_failed(tx: Tx, record: EffectRecord) -> None:
-    """Release the key's held charges when ``record`` (just written) is ``failed``."""
+    """Release the key's held charges when ``record`` (just written) is ``failed``; callers on
+    the hot path test the state first, so a committed call makes no call here."""
     if record.state is EffectState.FAILED:
         tx.release_consumptions(record.effect_key, record.updated_at)

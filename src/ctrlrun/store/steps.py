@@ -94,7 +94,8 @@ def _transition(
         updated = decide(record)
         assert record is not None
         if tx.update_effect(record, updated):
-            release_on_failed(tx, updated)
+            if updated.state is EffectState.FAILED:
+                release_on_failed(tx, updated)
             return updated
     raise DuplicateEffect(state="in_progress", effect_key=effect_key)
 
@@ -161,12 +162,12 @@ def _finish_and_record(
         finished, ids, head = tx.finish_and_advance(known, updated, rows)
         if not finished:
             _transition(tx, effect_key, decide)
-        else:
+        elif updated.state is EffectState.FAILED:  # only the move to failed pays the release
             release_on_failed(tx, updated)
         return _stored(tx, rows, ids), _place_receipt(tx, receipt, head)
     if updated is None or not tx.finish_effect(known, updated):
         _transition(tx, effect_key, decide)
-    else:
+    elif updated.state is EffectState.FAILED:
         release_on_failed(tx, updated)
     return _record(tx, rows, receipt)
 
@@ -232,7 +233,8 @@ def _start(
         rows = event_rows(events(None, fresh), action_id, effect_key)
         ids = tx.reserve_new(written, rows, last=not charges)
         if ids is not None:
-            charge(tx, charges, fresh, now, action_id)
+            if charges:
+                charge(tx, charges, fresh, now, action_id)
             return None, fresh, _stored(tx, rows, ids)
     if effect_key is not None:
         try:
@@ -251,8 +253,8 @@ def _start(
                     action_id=action_id,
                 )  # fmt: skip
             raise
-        # before the approval's row is locked: every charging writer takes its locks first
-        charge(tx, charges, reservation, now, action_id)
+        if charges:  # before the approval's row is locked: charging writers lock budgets first
+            charge(tx, charges, reservation, now, action_id)
     if record is not None and not tx.update_approval(record, apply_consume(record, now)):
         raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
     rows = event_rows(events(approval, reservation), action_id, effect_key, approval_id) if events is not None else []
