@@ -19,7 +19,9 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import psycopg as pg_driver
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from ctrlrun._ledger import Charge, DelegationRecord
 from ctrlrun.effect import EffectState
+from ctrlrun.errors import BudgetExhausted
 from ctrlrun.receipt import GENESIS_HASH, EventType, verify_chain
 from ctrlrun.store import SQLiteStateStore, StateStore
 from ctrlrun.store import schema as schema_module
@@ -161,6 +163,58 @@ OLD_0001_POSTGRESQL = (
     f"INSERT INTO {{s}}.receipt_chain (id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}')",
 )
 
+OLD_0003_SQLITE = (
+    """CREATE TABLE delegations (
+        delegation_id TEXT PRIMARY KEY,
+        parent_id TEXT NOT NULL,
+        depth INTEGER NOT NULL,
+        grant_json TEXT NOT NULL,
+        created_by_agent TEXT NOT NULL,
+        created_by_user TEXT,
+        created_via TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT,
+        revoked_by TEXT)""",
+    "CREATE INDEX delegations_parent ON delegations (parent_id)",
+    """CREATE TABLE budget_ledger (
+        id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+        grant_id TEXT NOT NULL,
+        metric TEXT NOT NULL,
+        amount BIGINT NOT NULL,
+        effect_key TEXT NOT NULL,
+        attempt INTEGER NOT NULL,
+        consumed_at TEXT NOT NULL,
+        released_at TEXT,
+        CONSTRAINT budget_ledger_charge UNIQUE (effect_key, attempt, grant_id, metric))""",
+    "CREATE INDEX budget_ledger_window ON budget_ledger (grant_id, metric, consumed_at)",
+)
+
+OLD_0003_POSTGRESQL = (
+    f"""CREATE TABLE {{s}}.delegations (
+        delegation_id {_C} PRIMARY KEY,
+        parent_id {_C} NOT NULL,
+        depth INTEGER NOT NULL,
+        grant_json TEXT NOT NULL,
+        created_by_agent {_C} NOT NULL,
+        created_by_user {_C},
+        created_via {_C} NOT NULL,
+        created_at {_C} NOT NULL,
+        revoked_at {_C},
+        revoked_by {_C})""",
+    "CREATE INDEX delegations_parent ON {s}.delegations (parent_id)",
+    f"""CREATE TABLE {{s}}.budget_ledger (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        grant_id {_C} NOT NULL,
+        metric {_C} NOT NULL,
+        amount BIGINT NOT NULL,
+        effect_key {_C} NOT NULL,
+        attempt INTEGER NOT NULL,
+        consumed_at {_C} NOT NULL,
+        released_at {_C},
+        CONSTRAINT budget_ledger_charge UNIQUE (effect_key, attempt, grant_id, metric))""",
+    "CREATE INDEX budget_ledger_window ON {s}.budget_ledger (grant_id, metric, consumed_at)",
+)
+
 OLD_MIGRATIONS = {
     "sqlite": {
         "0001_initial": OLD_0001_SQLITE,
@@ -168,6 +222,7 @@ OLD_MIGRATIONS = {
             "ALTER TABLE approvals ADD COLUMN edited_action_json TEXT",
             "ALTER TABLE approvals ADD COLUMN edited_action_hash TEXT",
         ),
+        "0003_authority": OLD_0003_SQLITE,
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -175,6 +230,7 @@ OLD_MIGRATIONS = {
             "ALTER TABLE {s}.approvals ADD COLUMN edited_action_json TEXT",
             f"ALTER TABLE {{s}}.approvals ADD COLUMN edited_action_hash {_C}",
         ),
+        "0003_authority": OLD_0003_POSTGRESQL,
     },
 }
 OLD_STAMP = ("2026-11-01T09:00:00.000000Z", "0.1.0")
@@ -210,7 +266,8 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
     assert tables == Counter(t.name for t in data)
     assert columns == Counter((t.name, c.name) for t in data for c in t.c)
     assert indexes == Counter(i.name for t in data for i in t.indexes)
-    assert MIGRATIONS == ("0001_initial", "0002_approval_edits") and HEAD == MIGRATIONS[-1]
+    assert MIGRATIONS == ("0001_initial", "0002_approval_edits", "0003_authority")
+    assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))
     # no hand-written DDL left beside the MetaData
     assert not [name for name in vars(schema_module) if re.match(r"_\d{4}_|_MIGRATION_SQL", name)]
@@ -343,6 +400,19 @@ def test_sqlite_old_0001_store_upgraded_by_the_generated_0002(tmp_path):
     assert [r[0] for r in sorted(rows)] == list(MIGRATIONS) and sorted(rows)[0][1] == "0.1.0"
 
 
+def test_sqlite_0002_store_upgraded_by_the_generated_0003_works(tmp_path, clock):
+    old, new = tmp_path / "old.db", tmp_path / "new.db"
+    make_old_sqlite(old, MIGRATIONS[:2])
+    store = SQLiteStateStore(old, clock=clock)  # applies 0003 from the MetaData
+    exercise(store, clock)
+    exercise_authority(store, clock)
+    store.close()
+    SQLiteStateStore(new).close()
+    assert sqlite_catalog(old).keys() == sqlite_catalog(new).keys()
+    for table in ("delegations", "budget_ledger"):
+        assert sqlite_catalog(old)[table] == sqlite_catalog(new)[table]
+
+
 def test_sqlite_metadata_create_all_matches_the_migrations(tmp_path):
     """The migration list and the MetaData describe one schema."""
     made, migrated = tmp_path / "made.db", tmp_path / "migrated.db"
@@ -377,12 +447,31 @@ def exercise(store: Any, clock: Any) -> None:
     assert store.chain_head()[0] == 2 and verify_chain(store).ok
 
 
+def exercise_authority(store: Any, clock: Any) -> None:
+    """A delegation put and revoked; a charge taken, refused, released and taken again."""
+    record = DelegationRecord("dlg_" + "0" * 32, "root", 1, "{}", "agent", None, "api", clock())
+    store.put_delegation(record)
+    assert store.revoke_delegation(record.delegation_id, by="cli:local", at=clock())
+    assert store.delegations() == () and len(store.delegations(include_revoked=True)) == 1
+    budget = [Charge("root", "amount", 7, 10, 86400)]
+    store.reserve_effect("b1", "ab1", LEASE, charges=budget)
+    with pytest.raises(BudgetExhausted):
+        store.reserve_effect("b2", "ab2", LEASE, charges=budget)
+    store.begin_execution("b1", "ab1")
+    store.fail_effect("b1", "ab1", "no")
+    store.reserve_effect("b2", "ab2", LEASE, charges=budget)
+    assert [(c.effect_key, c.released_at is None) for c in store.consumptions()] == [
+        ("b1", False), ("b2", True)
+    ]
+
+
 def test_sqlite_store_made_by_the_old_ddl_opens_and_works(tmp_path, clock):
     path = tmp_path / "old.db"
     make_old_sqlite(path)
     store = SQLiteStateStore(path, clock=clock)
     assert isinstance(store, StateStore)
     exercise(store, clock)
+    exercise_authority(store, clock)
     store.close()
     again = SQLiteStateStore(path, clock=clock, migrate=False)
     assert again.get_effect("k3").result == 3 and verify_chain(again).ok
@@ -513,7 +602,23 @@ def test_postgres_store_made_by_the_old_ddl_opens_and_works(pg_url, two_pg_schem
     store = PostgresStateStore(pg_url, schema=old, clock=clock)
     assert isinstance(store, StateStore)
     exercise(store, clock)
+    exercise_authority(store, clock)
     store.close()
     again = PostgresStateStore(pg_url, schema=old, clock=clock, migrate=False)
     assert again.get_effect("k3").result == 3 and verify_chain(again).ok
     again.close()
+
+
+@pytest.mark.postgres
+def test_postgres_0002_schema_upgraded_by_the_generated_0003_works(pg_url, two_pg_schemas, clock):
+    from ctrlrun.postgres import PostgresStateStore
+
+    old, new = two_pg_schemas
+    pg_run(pg_url, *old_statements("postgresql", MIGRATIONS[:2], old))
+    store = PostgresStateStore(pg_url, schema=old, clock=clock)
+    exercise_authority(store, clock)
+    store.close()
+    PostgresStateStore(pg_url, schema=new).close()
+    old_catalog, new_catalog = pg_catalog(pg_url, old), pg_catalog(pg_url, new)
+    old_catalog.pop("seed"), new_catalog.pop("seed")
+    assert old_catalog == new_catalog

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
+from .._ledger import Charge, Consumption, DelegationRecord
 from ..action import Action
 from ..approvals import Approval, ApprovalRecord, ApprovalRequest, VerifiedApprover
 from ..effect import EffectRecord, EffectState, Reservation
@@ -31,7 +32,10 @@ class StateStore(Protocol):
     ``get_approval``, ``grant_approval`` and ``deny_approval``. The operator commands list
     (``pending_approvals``, ``list_effects``, ``receipts``, ``chain_head`` to verify the chain),
     answer and resolve (each answer writing its event in its own transaction, ``events=``), and
-    ``close`` the store.
+    ``close`` the store. Authority keeps its delegations here (``put_delegation``,
+    ``get_delegation``, ``delegations``, ``delegations_for``, ``revoke_delegation``), charges
+    budgets with the reservation (``start_attempt(charges=...)``) and reads the ledger back
+    (``consumptions``).
     """
 
     # effects
@@ -85,14 +89,22 @@ class StateStore(Protocol):
         events: Callable[[Approval | None, Reservation | None], Sequence[Event | EventRow]]
         | None = None,
         return_events: bool = True,
+        charges: Sequence[Charge] = (),
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
-        """Consume the presented approval, reserve the key into ``executing``, append the events.
+        """Consume the presented approval, reserve the key into ``executing``, take the
+        charges, append the events.
 
         Refusals raise as ``consume_approval_and_reserve`` does and write nothing but its two kept
         writes; ``events`` is called inside the transaction (maybe twice, when the store has to
         plan the start anew) and must not call the store; it may answer ``Event`` objects or
         rows (``EventRow``). The stored events are handed back unless ``return_events`` is
         False (then ``()``: no id is read back, no object made).
+
+        ``charges`` (they need an effect key) are checked only once the reservation table
+        granted the key, each against the un-released ledger rows of its grant and metric
+        within its window by the store's clock; the first that does not fit raises
+        ``BudgetExhausted`` and nothing is written (the approval stays granted). Else their
+        rows are written with the reservation, held by its attempt.
         """
         ...
 
@@ -121,6 +133,47 @@ class StateStore(Protocol):
         return_events: bool = True,
     ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
         """Append events and chain a receipt in one transaction."""
+        ...
+
+    # authority: delegation records and the budget ledger
+    def put_delegation(
+        self, record: DelegationRecord, *, events: Sequence[Event] = ()
+    ) -> tuple[Event, ...]:
+        """Insert a delegation with its events (handed back stored); a taken id is
+        ``InvalidArgument``."""
+        ...
+
+    def get_delegation(self, delegation_id: str) -> DelegationRecord | None: ...
+
+    def delegations(self, *, include_revoked: bool = False) -> tuple[DelegationRecord, ...]:
+        """In creation order (``created_at``, then id)."""
+        ...
+
+    def delegations_for(self, parent_id: str) -> tuple[DelegationRecord, ...]:
+        """The delegations made directly under ``parent_id``, revoked ones too."""
+        ...
+
+    def revoke_delegation(
+        self,
+        delegation_id: str,
+        *,
+        by: str,
+        at: datetime,
+        events: Callable[[DelegationRecord], Sequence[Event]] | None = None,
+    ) -> bool:
+        """Compare-and-set on not revoked, with ``events(revoked record)`` in its transaction;
+        False (nothing written) if it was revoked already, ``InvalidArgument`` if unknown."""
+        ...
+
+    def consumptions(
+        self,
+        *,
+        grant_id: str | None = None,
+        metric: str | None = None,
+        since: datetime | None = None,
+        effect_key: str | None = None,
+    ) -> tuple[Consumption, ...]:
+        """Ledger rows (released ones too), in insertion order."""
         ...
 
     def close(self) -> None: ...

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .._ledger import Charge, Consumption, DelegationRecord
 from .._time import utc_now
 from ..approvals import Approval, ApprovalRecord, ApprovalStatus
 from ..effect import (
@@ -20,8 +21,10 @@ from ..effect import (
     fresh_reservation,
 )
 from ..drafts import EventRow, ReceiptDraft, event_from_row
+from ..errors import InvalidArgument
 from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
+from .ledger import consumption_from_row, delegation_from_row, delegation_to_row
 from .ops import EventsFn, StoreOps
 from .rows import KeptWrite, Tx, TxSteps
 from .steps import _check_id, event_rows
@@ -40,6 +43,8 @@ class _Data:
     receipts: dict[str, Row] = field(default_factory=dict)
     head: tuple[int, str] | None = (0, GENESIS_HASH)
     next_event_id: int = 1
+    delegations: dict[str, Row] = field(default_factory=dict)
+    ledger: list[Row] = field(default_factory=list)  # row ``id`` n at index n - 1
 
 
 class _MemoryTx(TxSteps):
@@ -53,6 +58,9 @@ class _MemoryTx(TxSteps):
         self._receipts: dict[str, Row] = {}
         self._head = data.head
         self._next_event = data.next_event_id
+        self._delegations: dict[str, Row] = {}
+        self._ledger: dict[int, Row] = {}  # rows added or released, by id
+        self._next_ledger = len(data.ledger) + 1
 
     def commit(self) -> None:
         data = self._data
@@ -62,6 +70,12 @@ class _MemoryTx(TxSteps):
         data.receipts.update(self._receipts)
         data.head = self._head
         data.next_event_id = self._next_event
+        data.delegations.update(self._delegations)
+        for row_id in sorted(self._ledger):
+            if row_id <= len(data.ledger):
+                data.ledger[row_id - 1] = self._ledger[row_id]
+            else:
+                data.ledger.append(self._ledger[row_id])
 
     # effects
     def _effect_row(self, effect_key: str) -> Row | None:
@@ -191,6 +205,96 @@ class _MemoryTx(TxSteps):
     def head(self) -> tuple[int, str] | None:
         return self._head
 
+    # the budget ledger (the store's lock serializes every writer already)
+    def lock_budgets(self, budgets: Sequence[tuple[str, str]]) -> None:
+        pass
+
+    def _ledger_rows(self) -> list[Row]:
+        rows = [self._ledger.get(i + 1, row) for i, row in enumerate(self._data.ledger)]
+        rows += [self._ledger[i] for i in sorted(self._ledger) if i > len(self._data.ledger)]
+        return rows
+
+    def spent(self, windows: Sequence[tuple[str, str, datetime]]) -> list[int]:
+        rows = self._ledger_rows()
+        sums = []
+        for grant_id, metric, since in windows:
+            after = codec.ts(since)
+            sums.append(sum(
+                r["amount"] for r in rows
+                if r["grant_id"] == grant_id and r["metric"] == metric
+                and r["released_at"] is None and r["consumed_at"] >= after
+            ))  # fmt: skip
+        return sums
+
+    def insert_consumptions(
+        self, rows: Sequence[tuple[str, str, int]], effect_key: str, attempt: int, at: datetime
+    ) -> None:
+        taken = {(r["effect_key"], r["attempt"], r["grant_id"], r["metric"])
+                 for r in self._ledger_rows()}  # fmt: skip
+        for grant_id, metric, amount in rows:
+            if (effect_key, attempt, grant_id, metric) in taken:  # the table's unique key
+                raise InvalidArgument(
+                    f"the ledger already holds {grant_id}/{metric} for attempt {attempt} of "
+                    f"{effect_key}; a charge is taken once per attempt"
+                )
+            row_id, self._next_ledger = self._next_ledger, self._next_ledger + 1
+            taken.add((effect_key, attempt, grant_id, metric))
+            self._ledger[row_id] = {
+                "id": row_id, "grant_id": grant_id, "metric": metric, "amount": amount,
+                "effect_key": effect_key, "attempt": attempt, "consumed_at": codec.ts(at),
+                "released_at": None,
+            }  # fmt: skip
+
+    def release_consumptions(self, effect_key: str, at: datetime) -> None:
+        for row in self._ledger_rows():
+            if row["effect_key"] == effect_key and row["released_at"] is None:
+                self._ledger[row["id"]] = {**row, "released_at": codec.ts(at)}
+
+    def consumptions(
+        self, *, grant_id: str | None, metric: str | None, since: datetime | None,
+        effect_key: str | None,
+    ) -> list[Consumption]:  # fmt: skip
+        after = codec.ts(since)
+        return [
+            consumption_from_row(r) for r in self._ledger_rows()
+            if (grant_id is None or r["grant_id"] == grant_id)
+            and (metric is None or r["metric"] == metric)
+            and (after is None or r["consumed_at"] >= after)
+            and (effect_key is None or r["effect_key"] == effect_key)
+        ]  # fmt: skip
+
+    # delegations
+    def _delegation_row(self, delegation_id: str) -> Row | None:
+        return self._delegations.get(delegation_id, self._data.delegations.get(delegation_id))
+
+    def delegation(self, delegation_id: str) -> DelegationRecord | None:
+        row = self._delegation_row(delegation_id)
+        return None if row is None else delegation_from_row(row)
+
+    def insert_delegation(self, record: DelegationRecord) -> bool:
+        if self._delegation_row(record.delegation_id) is not None:
+            return False
+        self._delegations[record.delegation_id] = delegation_to_row(record)
+        return True
+
+    def list_delegations(
+        self, *, include_revoked: bool, parent_id: str | None
+    ) -> list[DelegationRecord]:
+        rows = [
+            r for r in {**self._data.delegations, **self._delegations}.values()
+            if (include_revoked or r["revoked_at"] is None)
+            and (parent_id is None or r["parent_id"] == parent_id)
+        ]  # fmt: skip
+        rows.sort(key=lambda r: (r["created_at"], r["delegation_id"]))
+        return [delegation_from_row(r) for r in rows]
+
+    def revoke_delegation(self, delegation_id: str, by: str, at: datetime) -> bool:
+        row = self._delegation_row(delegation_id)
+        if row is None or row["revoked_at"] is not None:
+            return False
+        self._delegations[delegation_id] = {**row, "revoked_at": codec.ts(at), "revoked_by": by}
+        return True
+
 
 class InMemoryStateStore(StoreOps):
     """All store rules over in-process dicts, one ``threading.Lock`` around each check-and-write.
@@ -234,9 +338,10 @@ class InMemoryStateStore(StoreOps):
         action_hash: str | None = None,
         events: EventsFn | None = None,
         return_events: bool = True,
+        charges: Sequence[Charge] = (),
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
         data = self._data
-        if approval_id is None and effect_key is not None and events is not None:
+        if approval_id is None and effect_key is not None and events is not None and not charges:
             _check_id(action_id, "action_id")
             _check_id(effect_key, "effect_key")
             check_reservation_args(effect_key, action_id, lease)
@@ -257,6 +362,7 @@ class InMemoryStateStore(StoreOps):
         return super().start_attempt(
             action_id=action_id, effect_key=effect_key, lease=lease, approval_id=approval_id,
             action_hash=action_hash, events=events, return_events=return_events,
+            charges=charges,
         )  # fmt: skip
 
     def finish_attempt(

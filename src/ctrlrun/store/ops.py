@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .._ledger import Charge
 from .._time import require_aware, utc_now
 from ..action import Action
 from ..approvals import (
@@ -40,6 +41,8 @@ from ..errors import (
 from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
+from .ledger import charge, check_charges
+from .ledgerops import LedgerOps
 from .rows import KeptWrite, Tx, TxSteps
 from .settle import Landed, finish_landed
 
@@ -69,7 +72,7 @@ from .steps import (  # noqa: F401  (the shared steps, written once)
 # --------------------------------------------------------------------------- the store API
 
 
-class StoreOps:
+class StoreOps(LedgerOps):
     """The whole store API over ``_write``/``_read``, which a backend implements.
 
     Beyond the ``StateStore`` protocol it offers what only tests, benchmarks and tools call: the
@@ -77,7 +80,8 @@ class StoreOps:
     ``commit_effect``, ``fail_effect``, ``mark_ambiguous``, ``extend_lease``), the approval
     finders (``approvals_for``, ``find_granted_approval``, ``find_denied_request``), ``events``,
     ``append_event``,
-    ``put_receipt`` and ``transactions`` (write transactions so far).
+    ``put_receipt`` and ``transactions`` (write transactions so far). Delegations and the
+    budget ledger come from ``LedgerOps``.
     """
 
     def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
@@ -113,12 +117,21 @@ class StoreOps:
     # -- effects
 
     def reserve_effect(
-        self, effect_key: str, action_id: str, lease: timedelta = DEFAULT_LEASE
-    ) -> Reservation:
+        self, effect_key: str, action_id: str, lease: timedelta = DEFAULT_LEASE, *,
+        charges: Sequence[Charge] = (),
+    ) -> Reservation:  # fmt: skip
+        """Reserve the key and take ``charges`` in one transaction, or write nothing: a
+        refused reservation checks no charge, a charge that does not fit raises
+        ``BudgetExhausted``."""
         check_reservation_args(effect_key, action_id, lease)
-        return self._write(
-            lambda tx, now: _reserve(tx, effect_key, action_id, lease, now, EffectState.RESERVED)
-        )
+        checked = check_charges(charges, effect_key)
+
+        def reserve(tx: Tx, now: datetime) -> Reservation:
+            reservation = _reserve(tx, effect_key, action_id, lease, now, EffectState.RESERVED)
+            charge(tx, checked, reservation, now, action_id)
+            return reservation
+
+        return self._write(reserve)
 
     def consume_approval_and_reserve(
         self,
@@ -127,15 +140,21 @@ class StoreOps:
         effect_key: str,
         action_id: str,
         lease: timedelta = DEFAULT_LEASE,
+        *,
+        charges: Sequence[Charge] = (),
     ) -> tuple[Approval, Reservation]:
+        """Consume the approval, reserve the key and take ``charges`` in one transaction, or
+        write nothing beyond a refusal's kept write; a refused charge leaves the approval
+        granted."""
         _check_id(approval_id, "approval_id")
         _check_id(action_hash, "action_hash")
         check_reservation_args(effect_key, action_id, lease)
+        checked = check_charges(charges, effect_key)
         approval, reservation, _ = self._write(
             lambda tx, now: _start(
                 tx, now, action_id=action_id, effect_key=effect_key, lease=lease,
                 approval_id=approval_id, action_hash=action_hash,
-                state=EffectState.RESERVED, events=None,
+                state=EffectState.RESERVED, events=None, charges=checked,
             )
         )  # fmt: skip
         assert approval is not None and reservation is not None
@@ -325,9 +344,11 @@ class StoreOps:
         action_hash: str | None = None,
         events: EventsFn | None = None,
         return_events: bool = True,
+        charges: Sequence[Charge] = (),
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
-        """Consume the approval, reserve the key straight into ``executing``, append the events
-        (handed back stored, unless ``return_events`` is False: then ``()``)."""
+        """Consume the approval, reserve the key straight into ``executing``, take ``charges``,
+        append the events (handed back stored, unless ``return_events`` is False: then
+        ``()``)."""
         _check_id(action_id, "action_id")
         if approval_id is not None:
             _check_id(approval_id, "approval_id")
@@ -335,13 +356,14 @@ class StoreOps:
         if effect_key is not None:
             _check_id(effect_key, "effect_key")
             check_reservation_args(effect_key, action_id, lease)
+        checked = check_charges(charges, effect_key) if charges else ()
 
         def start(tx: Any, now: datetime) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
             tx.returning = return_events
             return _start(
                 tx, now, action_id=action_id, effect_key=effect_key, lease=lease,
                 approval_id=approval_id, action_hash=action_hash,
-                state=EffectState.EXECUTING, events=events,
+                state=EffectState.EXECUTING, events=events, charges=checked,
             )  # fmt: skip
 
         return self._write(start)

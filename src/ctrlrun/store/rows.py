@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from .._ledger import Consumption, DelegationRecord
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError
@@ -100,7 +101,52 @@ class Tx(Protocol):
     ) -> tuple[Sequence[int], int, str, str] | None:  # fmt: skip
         """The whole finish in one committing step, the receipt placed by the store itself:
         the events' ids and ``(seq, prev_hash, hash)``, or ``None`` (nothing written) when the
-        compare-and-set missed. Only where ``places_receipts``."""
+        compare-and-set missed. Only where ``places_receipts``. When ``record`` is ``failed``
+        the same step releases the key's held charges (as ``release_consumptions``)."""
+        ...
+
+    # the budget ledger
+    def lock_budgets(self, budgets: Sequence[tuple[str, str]]) -> None:
+        """Serialize, until this transaction ends, the writers charging these ``(grant_id,
+        metric)`` budgets (sorted), where the transaction alone does not."""
+        ...
+
+    def spent(self, windows: Sequence[tuple[str, str, datetime]]) -> list[int]:
+        """For each ``(grant_id, metric, since)``: the sum of its un-released rows consumed at
+        or after ``since``."""
+        ...
+
+    def insert_consumptions(
+        self, rows: Sequence[tuple[str, str, int]], effect_key: str, attempt: int, at: datetime
+    ) -> None:
+        """Append ``(grant_id, metric, amount)`` rows held by this attempt of the key."""
+        ...
+
+    def release_consumptions(self, effect_key: str, at: datetime) -> None:
+        """Set ``released_at`` on every row of the key not released yet."""
+        ...
+
+    def consumptions(
+        self, *, grant_id: str | None, metric: str | None, since: datetime | None,
+        effect_key: str | None,
+    ) -> list[Consumption]:  # fmt: skip
+        """The ledger rows matching every filter given, in insertion order."""
+        ...
+
+    # delegations
+    def delegation(self, delegation_id: str) -> DelegationRecord | None: ...
+    def insert_delegation(self, record: DelegationRecord) -> bool:
+        """Insert; False (nothing written) when the id is taken."""
+        ...
+
+    def list_delegations(
+        self, *, include_revoked: bool, parent_id: str | None
+    ) -> list[DelegationRecord]:
+        """In creation order (``created_at``, then id)."""
+        ...
+
+    def revoke_delegation(self, delegation_id: str, by: str, at: datetime) -> bool:
+        """Compare-and-set on ``revoked_at IS NULL``: whether this call revoked it."""
         ...
 
 

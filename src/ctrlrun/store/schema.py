@@ -25,6 +25,7 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    UniqueConstraint,
     inspect,
     select,
     text,
@@ -47,7 +48,9 @@ __all__ = [
     "Migration",
     "apply_migrations",
     "approvals",
+    "budget_ledger",
     "classify",
+    "delegations",
     "effects",
     "events",
     "metadata",
@@ -186,6 +189,43 @@ receipt_chain = Table(
     Column("hash", _ID, nullable=False),
 )
 
+delegations = Table(
+    "delegations",
+    metadata,
+    _key("delegation_id", _ID),
+    Column("parent_id", _ID, nullable=False),
+    Column("depth", Integer, nullable=False),
+    Column("grant_json", _JSON, nullable=False),
+    Column("created_by_agent", _ID, nullable=False),
+    Column("created_by_user", _ID),
+    Column("created_via", _ID, nullable=False),
+    Column("created_at", _ID, nullable=False),
+    Column("revoked_at", _ID),
+    Column("revoked_by", _ID),
+)
+Index("delegations_parent", delegations.c.parent_id)
+
+# One row per charge an attempt took; released (never deleted, never decremented) when that
+# attempt's record moves to failed. The unique key also serves the release's effect_key lookup.
+budget_ledger = Table(
+    "budget_ledger",
+    metadata,
+    Column("id", _COUNTER, Identity(always=True), primary_key=True),
+    Column("grant_id", _ID, nullable=False),
+    Column("metric", _ID, nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("effect_key", _ID, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("consumed_at", _ID, nullable=False),
+    Column("released_at", _ID),
+    UniqueConstraint("effect_key", "attempt", "grant_id", "metric", name="budget_ledger_charge"),
+    sqlite_autoincrement=True,
+)
+Index(
+    "budget_ledger_window",
+    budget_ledger.c.grant_id, budget_ledger.c.metric, budget_ledger.c.consumed_at,
+)  # fmt: skip
+
 
 # --------------------------------------------------------------------------- migration steps
 
@@ -255,6 +295,15 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
         Migration(
             "0002_approval_edits",
             (AddColumn(approvals.c.edited_action_json), AddColumn(approvals.c.edited_action_hash)),
+        ),
+        Migration(
+            "0003_authority",
+            (
+                CreateTable(delegations),
+                _index(delegations, "delegations_parent"),
+                CreateTable(budget_ledger),
+                _index(budget_ledger, "budget_ledger_window"),
+            ),
         ),
     )
 )

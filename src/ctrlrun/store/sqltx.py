@@ -13,6 +13,7 @@ from ..errors import CTRLRunError, InvalidArgument
 from ..drafts import EventRow, event_from_row
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
+from .ledgersql import LedgerRows
 from .rows import TxSteps
 from .statements import (
     APPROVAL_COLUMNS,
@@ -30,7 +31,7 @@ __all__ = ["SQLTx"]
 
 
 
-class SQLTx(TxSteps):
+class SQLTx(LedgerRows, TxSteps):
     """The row operations inside one transaction (or one read) of a ``Transaction``."""
 
     def __init__(self, transaction: Any, statements: Statements) -> None:
@@ -178,7 +179,7 @@ class SQLTx(TxSteps):
         compare-and-set missed and nothing was written. A taken receipt id writes nothing and
         is refused."""
         assert self._commits is not None
-        statement = self.sql.finish_and_place(len(rows))
+        statement = self.sql.finish_and_place(len(rows), release=record.state is EffectState.FAILED)
         values = dict(zip((*FINISH_COLUMNS, *FINISH_WHERE), _finish_values(expected, record)))
         values.update(zip(("l0", "l1", "l2", "c0", "c1", "c2"), draft.pieces()))
         values.update(_event_binds(rows))

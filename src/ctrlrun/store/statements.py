@@ -109,6 +109,10 @@ class Statements:
         self.events: Table = tables["events"]
         self.receipts: Table = tables["receipts"]
         self.chain: Table = tables["receipt_chain"]
+        self.delegations: Table = tables["delegations"]
+        self.ledger: Table = tables["budget_ledger"]
+        self.schema = schema
+        self._ledger_sql: Any = None
         self._cache: dict[Any, Compiled] = {}
         e, c = self.effects, self.chain
         cas = (e.c.effect_key == bindparam("w_key"), e.c.state == bindparam("w_state"),
@@ -156,6 +160,16 @@ class Statements:
         self.list_receipts = self.compile(
             select(*r.c).order_by(r.c.seq.asc().nulls_first(), r.c.receipt_id)
         )
+
+    @property
+    def ledger_sql(self) -> Any:
+        """The delegation and ledger statements (``LedgerStatements``), compiled on first use:
+        a store that never charges nor delegates compiles none of them."""
+        if self._ledger_sql is None:
+            from .ledgersql import LedgerStatements
+
+            self._ledger_sql = LedgerStatements(self)
+        return self._ledger_sql
 
     def compile(self, statement: ClauseElement) -> Compiled:
         compiled: Any = statement.compile(dialect=self.dialect)
@@ -292,16 +306,27 @@ class Statements:
 
         return self._cached(("finish", rows), build)
 
-    def finish_and_place(self, rows: int) -> Compiled:
+    def finish_and_place(self, rows: int, *, release: bool = False) -> Compiled:
         """Postgres: the whole *finish* in one statement, so it travels in one message and no
         lock outlives it: ``placed_after_head`` guarded by the outcome's compare-and-set. No
-        row at all when that missed (nothing written)."""
+        row at all when that missed (nothing written). ``release`` (an outcome of ``failed``):
+        the key's held charges are released too, under the same guard."""
 
         def build() -> Any:
             finished = self._finish_effect().returning(_ONE.label("one")).cte("finished")
-            return self.placed_after_head(rows, exists(select(finished.c.one)))
+            done = exists(select(finished.c.one))
+            statement = self.placed_after_head(rows, done)
+            if not release:
+                return statement
+            g = self.ledger
+            released = (
+                update(g).where(
+                    g.c.effect_key == bindparam("w_key"), g.c.released_at.is_(None), done,
+                ).values(released_at=bindparam("updated_at")).cte("released")
+            )  # fmt: skip
+            return statement.add_cte(released)
 
-        return self._cached(("place", rows), build)
+        return self._cached(("place", rows, release), build)
 
     def record_and_place(self, rows: int) -> Compiled:
         """Postgres: events and a receipt (no outcome) in one statement: ``placed_after_head``."""

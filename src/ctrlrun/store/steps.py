@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
+from .._ledger import Charge
 from ..approvals import (
     Approval,
     ApprovalRecord,
@@ -31,6 +32,7 @@ from ..errors import (
 from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..receipt import Event, Receipt
 from . import codec
+from .ledger import charge, release_on_failed
 from .rows import KeptWrite, Tx
 
 
@@ -76,6 +78,9 @@ def _reserve(
         else:
             assert plan.expected is not None
             written = tx.update_effect(plan.expected, plan.write)
+            if written and plan.expected.state is EffectState.RESERVED:
+                # a lapsed reservation's function never ran: its charges go with it
+                tx.release_consumptions(effect_key, now)
         if written:
             return plan.reservation
     raise DuplicateEffect(state="in_progress", effect_key=effect_key)
@@ -89,6 +94,8 @@ def _transition(
         updated = decide(record)
         assert record is not None
         if tx.update_effect(record, updated):
+            if updated.state is EffectState.FAILED:
+                release_on_failed(tx, updated)
             return updated
     raise DuplicateEffect(state="in_progress", effect_key=effect_key)
 
@@ -155,9 +162,13 @@ def _finish_and_record(
         finished, ids, head = tx.finish_and_advance(known, updated, rows)
         if not finished:
             _transition(tx, effect_key, decide)
+        elif updated.state is EffectState.FAILED:  # only the move to failed pays the release
+            release_on_failed(tx, updated)
         return _stored(tx, rows, ids), _place_receipt(tx, receipt, head)
     if updated is None or not tx.finish_effect(known, updated):
         _transition(tx, effect_key, decide)
+    elif updated.state is EffectState.FAILED:
+        release_on_failed(tx, updated)
     return _record(tx, rows, receipt)
 
 
@@ -203,7 +214,10 @@ def _start(
     action_hash: str | None,
     state: EffectState,
     events: EventsFn | None,
+    charges: Sequence[Charge] = (),
 ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
+    """Consume, reserve, charge, append the events. The reservation table decides first; the
+    charges are checked (and written) only once it granted the key, and refuse it all."""
     record = approval = reservation = None
     if approval_id is not None:
         record = _consumable(tx, approval_id, action_hash or "", now, action_id)
@@ -217,8 +231,10 @@ def _start(
             raise InvalidArgument(f"a reservation is written reserved or executing, not {state}")
         written, fresh = fresh_reservation(effect_key, action_id, now + lease, now, state)
         rows = event_rows(events(None, fresh), action_id, effect_key)
-        ids = tx.reserve_new(written, rows, last=True)
+        ids = tx.reserve_new(written, rows, last=not charges)
         if ids is not None:
+            if charges:
+                charge(tx, charges, fresh, now, action_id)
             return None, fresh, _stored(tx, rows, ids)
     if effect_key is not None:
         try:
@@ -237,6 +253,8 @@ def _start(
                     action_id=action_id,
                 )  # fmt: skip
             raise
+        if charges:  # before the approval's row is locked: charging writers lock budgets first
+            charge(tx, charges, reservation, now, action_id)
     if record is not None and not tx.update_approval(record, apply_consume(record, now)):
         raise ApprovalMismatch(reason="consumed", approval_id=approval_id)
     rows = event_rows(events(approval, reservation), action_id, effect_key, approval_id) if events is not None else []
