@@ -288,3 +288,29 @@ def test_an_authority_override_is_enforced_and_named_by_the_policy_hash(store: A
     assert Control(plain, store, clock=clock).policy_hash == plain.policy_hash
     with pytest.raises(InvalidArgument, match="authority"):
         Control(plain, store, clock=clock, authority=["not", "a", "section"])
+
+
+@pytest.mark.parametrize("row", [
+    ("dlg_" + "a" * 32, "head-of-support", 1, "{not json", "head-of-support", None, "api",
+     "2026-05-01T00:00:00.000000+00:00"),
+    ("dlg_" + "b" * 32, "head-of-support", 1, "{}", "head-of-support", None, "api", "yesterday"),
+])  # fmt: skip
+def test_an_unreadable_stored_delegation_denies_every_action(tmp_path: Any, clock: FakeClock, row: tuple) -> None:
+    import sqlite3
+
+    clock.set(datetime(2026, 6, 1, tzinfo=timezone.utc))
+    store = ctrlrun.SQLiteStateStore(tmp_path / "state.db", clock=clock)
+    world = World(store, clock)
+    with sqlite3.connect(tmp_path / "state.db") as db:  # written by something else
+        db.execute("INSERT INTO delegations (delegation_id, parent_id, depth, grant_json, "
+                   "created_by_agent, created_by_user, created_via, created_at) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", row)  # fmt: skip
+    with ctrlrun.context(agent="head-of-support", user="dana@example.com"):
+        with pytest.raises(AuthorityDenied) as denied:
+            world.refund(payment_id="p1", amount=10)
+    assert denied.value.reason == "authority_unreadable"
+    assert store.receipts()[-1].decision_reason == "authority_unreadable"
+    own = ctrlrun.Action("stripe.refund", {"payment_id": "p1", "amount": 10}, HUMAN, resource="payment:p1")
+    assert tuple(world.control.evaluate(own))[:2] == ("deny", "authority_unreadable")
+    assert world.ran == []
+    store.close()

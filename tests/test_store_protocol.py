@@ -21,6 +21,9 @@ from ctrlrun.store.ops import StoreOps
 SRC = Path(ctrlrun.__file__).resolve().parent
 CALLERS = (
     "control.py",  # Control
+    "_authorize.py",  # the Control's authority step
+    "_delegating.py",  # Control.delegate / revoke
+    "_reconciling.py",  # the Control's reconcile hook
     "protect.py",  # @protect, through control.store
     "approvals.py",  # the Local and Scripted providers
     "adapter.py",  # InterruptApprovalProvider

@@ -3,6 +3,7 @@ charges; each refusal recorded with its events and a ``denied`` receipt."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +14,10 @@ from .errors import ActionDenied, AuthorityDenied, BudgetExhausted, InvalidArgum
 from .receipt import EventType
 
 if TYPE_CHECKING:
-    from .authority import Authority, Resolution
+    from .authority import Authority, Resolution  # noqa: F811
     from .control import Control
+
+log = logging.getLogger("ctrlrun")
 
 __all__ = ["authority_of", "authorize", "charged", "measure", "refuse_budget"]
 
@@ -53,16 +56,21 @@ def authority_of(policy_section: Mapping[str, Any] | None, override: Any) -> Aut
 
 def authorize(control: Control, attempt: Attempt) -> Steps[Resolution]:
     """Resolve the action's authority; a denial is recorded and raised as ``AuthorityDenied``."""
-    from .authority import resolve
+    from .authority import Resolution, resolve
 
     authority = control._authority
     assert authority is not None
     action = attempt.action
-    records = yield call(control.store.delegations, include_revoked=True)
-    resolution = resolve(
-        authority, records, action=action, environment=control.environment,
-        task=attempt.task, now=control.clock(),
-    )  # fmt: skip
+    try:
+        records = yield call(control.store.delegations, include_revoked=True)
+    except InvalidArgument as unreadable:  # a row the store itself cannot read: fail closed
+        log.warning("a stored delegation cannot be read (%s); every action is denied", unreadable)
+        resolution = Resolution(False, "authority_unreadable")
+    else:
+        resolution = resolve(
+            authority, records, action=action, environment=control.environment,
+            task=attempt.task, now=control.clock(),
+        )  # fmt: skip
     if resolution.passed:
         attempt.authority_grant_id = resolution.grant_id
         attempt.event(EventType.AUTHORITY_RESOLVED, **resolution.event_data())

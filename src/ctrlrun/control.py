@@ -179,9 +179,13 @@ class Control:
         if self._authority is not None:
             from .authority import resolve
 
+            try:
+                records = self._store.delegations(include_revoked=True)
+            except InvalidArgument:  # a row the store cannot read: fail closed
+                return Evaluation(Decision.DENY, "authority_unreadable")
             resolution = resolve(
-                self._authority, self._store.delegations(include_revoked=True), action=action,
-                environment=self._environment, task=task, now=self._clock(),
+                self._authority, records, action=action, environment=self._environment,
+                task=task, now=self._clock(),
             )  # fmt: skip
             if not resolution.passed:
                 return Evaluation(Decision.DENY, resolution.reason)

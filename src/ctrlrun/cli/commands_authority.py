@@ -91,14 +91,15 @@ def delegate(settings: Settings, parent_id: str, grant_file: Path, as_: str, as_
     say(f"revoke it with: ctrlrun revoke {made.delegation_id}")
 
 
-def _beneath(records: Any, root: str) -> list[Any]:
+def _beneath(store: Any, root: str) -> list[Any]:
     """The delegations strictly beneath ``root``, at any depth, in creation order."""
-    below: set[str] = set()
-    frontier = {root}
+    found: dict[str, Any] = {}
+    frontier = [root]
     while frontier:
-        frontier = {r.delegation_id for r in records if r.parent_id in frontier} - below
-        below |= frontier
-    return [r for r in records if r.delegation_id in below]
+        children = [c for parent in frontier for c in store.delegations_for(parent)]
+        frontier = [c.delegation_id for c in children if c.delegation_id not in found]
+        found.update((c.delegation_id, c) for c in children)
+    return sorted(found.values(), key=lambda r: (r.created_at, r.delegation_id))
 
 
 @click.command()
@@ -141,7 +142,7 @@ def revoke(settings: Settings, delegation_id: str | None, created_by: str | None
             selector, value = "--created-by", created_by
         else:
             assert under is not None
-            matched, selector, value = _beneath(records, under), "--under", under
+            matched, selector, value = _beneath(store, under), "--under", under
         if not matched:
             raise CTRLRunError(f"no delegation matches {selector} {value}; nothing revoked")
         revoked = 0
@@ -193,9 +194,11 @@ def inspect(settings: Settings, grant_id: str, as_json: bool, store_url: str | N
         budgets = _budgets_of(control, grant_id)
         lines: list[dict[str, Any]] = []
         for budget in budgets:
-            rows = store.consumptions(grant_id=grant_id, metric=budget.metric,
-                                      since=now - timedelta(seconds=budget.window))  # fmt: skip
-            rows = [r for r in rows if r.released_at is None]
+            rows = [
+                r for r in store.consumptions(grant_id=grant_id, metric=budget.metric,
+                                              since=now - timedelta(seconds=budget.window))
+                if r.released_at is None
+            ]  # fmt: skip
             holders = []
             for row in rows:
                 record = store.get_effect(row.effect_key)
