@@ -314,3 +314,33 @@ def test_an_unreadable_stored_delegation_denies_every_action(tmp_path: Any, cloc
     assert tuple(world.control.evaluate(own))[:2] == ("deny", "authority_unreadable")
     assert world.ran == []
     store.close()
+
+
+def test_a_grant_with_tasks_covers_only_calls_of_a_matching_task(store: Any, clock: FakeClock) -> None:
+    policy = Policy.from_yaml("""\
+schema: ctrlrun.policy/v7
+authority:
+  grants:
+    - { id: runs, subject: { agent: batch }, actions: [stripe.refund], tasks: ["refund-run:*"] }
+actions:
+  stripe.refund: { effect: "refund:{payment_id}", decision: allow }
+""")
+    control = Control(policy, store, clock=clock)
+
+    def refunder(task: str | None) -> Any:
+        @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", task=task, control=control)
+        def refund(payment_id: str, batch: str) -> str:
+            return "ok"
+
+        return refund
+
+    with ctrlrun.context(agent="batch"):
+        assert refunder("refund-run:{batch}")(payment_id="p1", batch="b7") == "ok"
+        for task in (None, "cleanup:{batch}"):
+            with pytest.raises(AuthorityDenied) as denied:
+                refunder(task)(payment_id="p2", batch="b7")
+            assert denied.value.reason == "authority_task"
+    committed = [r for r in store.receipts() if r.result == "committed"]
+    assert [r.task for r in committed] == ["refund-run:b7"]
+    started = [e for e in store.events() if e.type == "EXECUTION_STARTED"]
+    assert started[0].data["task"] == "refund-run:b7"

@@ -50,11 +50,11 @@ def test_demo_in_a_real_process(tmp_path):
     done = run(["demo"], tmp_path, CTRLRUN_STATE="", CTRLRUN_STORE_URL="nonsense://")
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
-    assert done.stdout.count("✗ BLOCKED — ") == 4
-    assert done.stdout.splitlines()[-4] == "Receipts (7): .ctrlrun/demo/receipts.jsonl"
+    assert done.stdout.count("✗ BLOCKED — ") == 5
+    assert done.stdout.splitlines()[-4] == "Receipts (8): .ctrlrun/demo/receipts.jsonl"
     listed = run(["receipts", "--verify-chain"], tmp_path, CTRLRUN_STATE=".ctrlrun/demo/state.db")
     assert listed.returncode == 0
-    assert listed.stdout.splitlines() == ["chain: 7 of 7 receipts verified", "the chain is intact"]
+    assert listed.stdout.splitlines() == ["chain: 8 of 8 receipts verified", "the chain is intact"]
 
 
 def test_approve_in_a_real_process(tmp_path):

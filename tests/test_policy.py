@@ -577,7 +577,7 @@ def test_null_entry_keys_behave_as_absent() -> None:
     )
 
 
-def test_authority_is_validated_and_unenforced() -> None:
+def test_authority_is_validated_and_enforced() -> None:
     text = """\
 schema: ctrlrun.policy/v7
 authority:
@@ -593,7 +593,7 @@ actions:
     policy = load(text)
     assert policy.authority is not None
     assert policy.authority["grants"][0]["id"] == "g1"
-    assert policy.unenforced_features() == ["authority: (stripe.refund)"]
+    assert policy.unenforced_features() == []  # a Control enforces it
     assert policy.evaluate(act("stripe.refund", amount=5)).decision is Decision.ALLOW
     refused(text.replace("amount_lte: 2000", "amount_lte: 20.5"), "authority", "float")
     refused(text.replace("id: g1", "id: ''"), "id")
