@@ -29,7 +29,7 @@ from .common import (
     refund,
 )
 from .pg import Postgres
-from .stores import open_store, protected_refund, protected_refund_async, usable_stores
+from .stores import open_store, protected_refund, protected_refund_async, protected_refund_authority, usable_stores
 
 
 def run(settings: Settings, pg: Postgres, results: Results) -> None:
@@ -50,6 +50,7 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
             store = opened.store
             control, protected = protected_refund(store)
             aprotected = protected_refund_async(control)
+            authorized = protected_refund_authority(store)
             executed = {"n": 0}
             sinked = None
             if kind.startswith("sqlite-"):
@@ -66,6 +67,9 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                 assert sinked is not None
                 sinked(payment_id=f"j{i}", amount=ALLOWED_AMOUNT)
 
+            def call_authorized(i: int) -> None:
+                authorized(payment_id=f"g{i}", amount=ALLOWED_AMOUNT)
+
             def call_async(i: int) -> None:
                 loop.run_until_complete(aprotected(payment_id=f"a{i}", amount=ALLOWED_AMOUNT))
 
@@ -74,6 +78,7 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
 
             variants = [
                 ("protected", call_protected),
+                ("protected + authority", call_authorized),
                 ("async protected", call_async),
                 ("unprotected", call_unprotected),
             ]
@@ -118,6 +123,9 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                 results.rows.append(Row("allow", kind, "protected + JSONL sink",
                                         series["protected + JSONL sink"], tx("protected + JSONL sink"),
                                         "the default wiring's evidence copy"))  # fmt: skip
+            results.rows.append(Row("allow", kind, "protected + authority", series["protected + authority"],
+                                    tx("protected + authority"),
+                                    "one grant with a budget: reads the delegations, charges with the reservation"))  # fmt: skip
             results.rows.append(Row("allow", kind, "async protected", series["async protected"]))
             results.rows.append(Row("allow", kind, "unprotected", series["unprotected"]))
             if opened.raw is not None:

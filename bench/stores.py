@@ -90,6 +90,30 @@ def protected_refund(store: Any, sinks: Any = ()) -> tuple[Any, Callable[..., An
     return control, ctrlrun.protect(ACTION, effect=EFFECT, control=control)(refund)
 
 
+AUTHORITY = """\
+authority:
+  grants:
+    - id: bench-grant
+      subject: { agent: bench-agent }
+      actions: [bench.refund]
+      budgets:
+        - { metric: count, limit: 1000000000, window: P1D }
+"""
+
+
+def protected_refund_authority(store: Any) -> Callable[..., Any]:
+    """The same refund under an authority section: one root grant with a budget, so each call
+    reads the delegations and takes a charge with its reservation."""
+    import ctrlrun
+    from ctrlrun import Control, Policy
+
+    from .common import ACTION, EFFECT, REFUND_POLICY, refund
+
+    text = REFUND_POLICY.replace("ctrlrun.policy/v2", "ctrlrun.policy/v7").replace("actions:\n", AUTHORITY + "actions:\n", 1)
+    control = Control(Policy.from_yaml(text, source="bench authority"), store)
+    return ctrlrun.protect(ACTION, effect=EFFECT, control=control)(refund)
+
+
 def protected_refund_async(control: Any) -> Callable[..., Any]:
     """The same refund as an ``async def``, protected by ``control`` (the async allow path)."""
     import ctrlrun

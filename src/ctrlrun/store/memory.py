@@ -45,6 +45,10 @@ class _Data:
     next_event_id: int = 1
     delegations: dict[str, Row] = field(default_factory=dict)
     ledger: list[Row] = field(default_factory=list)  # row ``id`` n at index n - 1
+    # the ledger's indexes: row ids by (grant, metric) and by effect key, and its unique key
+    ledger_by_budget: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    ledger_by_key: dict[str, list[int]] = field(default_factory=dict)
+    ledger_taken: set[tuple[str, int, str, str]] = field(default_factory=set)
 
 
 class _MemoryTx(TxSteps):
@@ -72,10 +76,14 @@ class _MemoryTx(TxSteps):
         data.next_event_id = self._next_event
         data.delegations.update(self._delegations)
         for row_id in sorted(self._ledger):
+            row = self._ledger[row_id]
             if row_id <= len(data.ledger):
-                data.ledger[row_id - 1] = self._ledger[row_id]
-            else:
-                data.ledger.append(self._ledger[row_id])
+                data.ledger[row_id - 1] = row
+                continue
+            data.ledger.append(row)
+            data.ledger_by_budget.setdefault((row["grant_id"], row["metric"]), []).append(row_id)
+            data.ledger_by_key.setdefault(row["effect_key"], []).append(row_id)
+            data.ledger_taken.add((row["effect_key"], row["attempt"], row["grant_id"], row["metric"]))
 
     # effects
     def _effect_row(self, effect_key: str) -> Row | None:
@@ -214,23 +222,35 @@ class _MemoryTx(TxSteps):
         rows += [self._ledger[i] for i in sorted(self._ledger) if i > len(self._data.ledger)]
         return rows
 
+    def _ledger_ids(self, index: dict[Any, list[int]], key: Any, match: Any) -> list[int]:
+        """Row ids under ``key`` in a committed index, then this transaction's new rows that match."""
+        known = len(self._data.ledger)
+        added = [i for i in sorted(self._ledger) if i > known and match(self._ledger[i])]
+        return [*index.get(key, ()), *added]
+
+    def _ledger_row(self, row_id: int) -> Row:
+        return self._ledger.get(row_id) or self._data.ledger[row_id - 1]
+
     def spent(self, windows: Sequence[tuple[str, str, datetime]]) -> list[int]:
-        rows = self._ledger_rows()
         sums = []
         for grant_id, metric, since in windows:
             after = codec.ts(since)
-            sums.append(sum(
-                r["amount"] for r in rows
-                if r["grant_id"] == grant_id and r["metric"] == metric
-                and r["released_at"] is None and r["consumed_at"] >= after
-            ))  # fmt: skip
+            ids = self._ledger_ids(
+                self._data.ledger_by_budget, (grant_id, metric),
+                lambda r: r["grant_id"] == grant_id and r["metric"] == metric,  # noqa: B023
+            )  # fmt: skip
+            rows = (self._ledger_row(i) for i in ids)
+            sums.append(sum(r["amount"] for r in rows if r["released_at"] is None and r["consumed_at"] >= after))
         return sums
 
     def insert_consumptions(
         self, rows: Sequence[tuple[str, str, int]], effect_key: str, attempt: int, at: datetime
     ) -> None:
-        taken = {(r["effect_key"], r["attempt"], r["grant_id"], r["metric"])
-                 for r in self._ledger_rows()}  # fmt: skip
+        known = len(self._data.ledger)
+        taken = self._data.ledger_taken | {
+            (r["effect_key"], r["attempt"], r["grant_id"], r["metric"])
+            for i, r in self._ledger.items() if i > known
+        }  # fmt: skip
         for grant_id, metric, amount in rows:
             if (effect_key, attempt, grant_id, metric) in taken:  # the table's unique key
                 raise InvalidArgument(
@@ -246,9 +266,11 @@ class _MemoryTx(TxSteps):
             }  # fmt: skip
 
     def release_consumptions(self, effect_key: str, at: datetime) -> None:
-        for row in self._ledger_rows():
-            if row["effect_key"] == effect_key and row["released_at"] is None:
-                self._ledger[row["id"]] = {**row, "released_at": codec.ts(at)}
+        ids = self._ledger_ids(self._data.ledger_by_key, effect_key, lambda r: r["effect_key"] == effect_key)
+        for row_id in ids:
+            row = self._ledger_row(row_id)
+            if row["released_at"] is None:
+                self._ledger[row_id] = {**row, "released_at": codec.ts(at)}
 
     def consumptions(
         self, *, grant_id: str | None, metric: str | None, since: datetime | None,
