@@ -344,3 +344,26 @@ actions:
     assert [r.task for r in committed] == ["refund-run:b7"]
     started = [e for e in store.events() if e.type == "EXECUTION_STARTED"]
     assert started[0].data["task"] == "refund-run:b7"
+
+
+def test_a_budget_refusal_leaves_a_presented_approval_granted(world: World) -> None:
+    control, store = world.control, world.store
+    support = control.delegate(
+        "head-of-support", child("support-agent", 200_000, limit=150_000, window="P1D", delegable=False),
+        by=HUMAN,
+    )  # fmt: skip
+    world.as_support("p1", 90_000)  # 90000 of 150000 spent
+    with pytest.raises(ApprovalRequired) as required:
+        world.as_support("p2", 120_000)  # the policy asks a human; nothing charged yet
+    request_id = required.value.request_id
+    store.grant_approval(request_id, "ops:ada")
+    with ctrlrun.with_approval(request_id), pytest.raises(BudgetExhausted) as exhausted:
+        world.as_support("p2", 120_000)
+    assert exhausted.value.grant_id == support.delegation_id
+    assert store.get_approval(request_id).status == "granted"
+    assert store.get_effect("refund:p2") is None
+    last = store.receipts()[-1]
+    assert (last.decision, last.result, last.approval_id, last.approver) == ("deny", "denied", request_id, None)
+    types = [e.type for e in store.events() if e.action_id == last.action_id]
+    assert types == ["ACTION_PROPOSED", "AUTHORITY_RESOLVED", "POLICY_EVALUATED", "ACTION_DENIED"]
+    assert world.ran == [("p1", 90_000)]

@@ -127,6 +127,7 @@ def refuse_budget(control: Control, attempt: Attempt, refusal: BudgetExhausted) 
     )  # fmt: skip
     attempt.decision, attempt.reason = "deny", "budget_exhausted"
     attempt.budget_charges = ()
+    attempt.approver = attempt.edited_from = attempt.edit_diff = None  # the approval was not spent
     attempt.event(
         EventType.ACTION_DENIED, reason="budget_exhausted", grant_id=refusal.grant_id,
         metric=refusal.metric, window=refusal.window,
