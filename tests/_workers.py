@@ -28,3 +28,48 @@ def race_refund(directory: str, barrier, results) -> None:
         results.put(("duplicate", exc.state))
     except Exception as exc:  # reported to the parent, which fails the test
         results.put(("error", f"{type(exc).__name__}: {exc}"))
+
+
+CEILING_POLICY = """\
+schema: ctrlrun.policy/v5
+actions:
+  job.run:
+    effect: "job:{job_id}"
+    max_attempts: 2
+    rules:
+      - { when: { size_lte: 10 }, decision: allow }
+      - { decision: approve }
+"""
+
+
+def ceiling_worker(directory: str, barrier: Any, results: Any) -> None:
+    os.chdir(directory)
+    import ctrlrun
+
+    store = ctrlrun.SQLiteStateStore(Path(directory) / "state.db")
+    control = ctrlrun.Control(ctrlrun.Policy.from_yaml(CEILING_POLICY), store)
+
+    @ctrlrun.protect("job.run", effect="job:{job_id}", control=control)
+    def run(job_id: str, size: int) -> str:
+        with open(Path(directory) / "dispatched.log", "a", encoding="utf-8") as log:
+            log.write(f"{os.getpid()}\n")
+        raise ctrlrun.NotExecuted("not sent")
+
+    barrier.wait()
+    seen = []
+    with ctrlrun.context(agent=f"worker-{os.getpid()}"):
+        for _ in range(200):
+            try:
+                run(job_id="race", size=1)
+            except ctrlrun.NotExecuted:
+                seen.append("failed")
+            except ctrlrun.DuplicateEffect as exc:
+                seen.append(exc.state)
+            except ctrlrun.ActionDenied as exc:
+                seen.append(exc.reason)
+                break
+            except Exception as exc:
+                seen.append(f"error {type(exc).__name__}: {exc}")
+                break
+    store.close()
+    results.put(seen)

@@ -24,6 +24,7 @@ CALLERS = (
     "_authorize.py",  # the Control's authority step
     "_delegating.py",  # Control.delegate / revoke
     "_reconciling.py",  # the Control's reconcile hook
+    "_ceiling.py",  # the attempt ceiling's release of a refused reservation
     "protect.py",  # @protect, through control.store
     "approvals.py",  # the Local and Scripted providers
     "adapter.py",  # InterruptApprovalProvider

@@ -73,6 +73,8 @@ class Straight:
         self.control = control
         self._decided: dict[tuple[str, tuple[str, ...]], _Decided] = {}
         self._principals: dict[tuple[str, str | None], tuple[str, str]] = {}
+        policy = control.policy
+        self._ceilinged = frozenset(n for n in policy.actions if policy.max_attempts(n) is not None)
 
     def run(
         self,
@@ -86,6 +88,8 @@ class Straight:
         control = self.control
         if action.principal.expires_at is not None or control._authority is not None:
             return GIVE_WAY, None  # the pipeline judges an expiring principal, and authority
+        if action.name in self._ceilinged:
+            return GIVE_WAY, None  # the pipeline counts attempts against the ceiling
         evaluation = control.policy.evaluate(action)
         if evaluation.decision is not Decision.ALLOW or _ambient.presented_approval() is not None:
             return GIVE_WAY, evaluation

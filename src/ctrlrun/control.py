@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from . import _ambient
 from ._settings import CallOptions, ReadOnly, Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
+from ._ceiling import ceiling_of, over_ceiling, refuse_early, refuse_reserved
 from ._authorize import authority_of, authorize, charged, measure, refuse_budget
 from ._attempt import Attempt, describe, fan_out, message_of, storable
 from ._outcomes import lost_start, outcome_unrecorded
@@ -103,6 +104,7 @@ class Control:
             store, clock=clock
         )
         self._authority = authority_of(policy.authority, authority)
+        self._ceiling_warned: set[str] = set()  # actions warned of a ceiling without a key
         if authority is not None and self._authority is not None:  # the hash names what is enforced
             self._policy_hash = policy.runtime_hash(self._environment, authority=self._authority.hash_member())
         self._straight = Straight(self)
@@ -304,6 +306,8 @@ class Control:
                 action_id=action.action_id,
             )
 
+        ceiling = ceiling_of(self, attempt)
+        yield from refuse_early(self, attempt, ceiling)
         charges = yield from measure(self, attempt, resolution)
 
         # approve
@@ -313,7 +317,9 @@ class Control:
             yield from self._request_approval(attempt)
 
         # reserve (the approval is spent in the same transaction)
-        reservation = yield from self._start(attempt, options, approval_id if consume else None, charges)
+        reservation = yield from self._start(attempt, options, approval_id if consume else None, charges, ceiling)
+        if reservation is not None and ceiling is not None and reservation.attempt > ceiling:
+            yield from refuse_reserved(self, attempt, reservation, ceiling)  # raises
         if not consume and approval_id is not None:
             yield from self._close_unneeded_approval(attempt, approval_id)
 
@@ -391,7 +397,8 @@ class Control:
         )
 
     def _start(
-        self, attempt: Attempt, options: _Options, approval_id: str | None, charges: Sequence[Any] = ()
+        self, attempt: Attempt, options: _Options, approval_id: str | None, charges: Sequence[Any] = (),
+        ceiling: int | None = None,
     ) -> Steps[Any]:
         """Consume the approval, reserve the key and take the budget charges in one store
         transaction; record refusals."""
@@ -409,7 +416,8 @@ class Control:
                     events.append(attempt.new_event(
                         EventType.EFFECT_RESERVED, attempt=reservation.attempt,
                         lease_expires_at=format_ts(reservation.lease_expires_at)))  # fmt: skip
-                events.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
+                if reservation is None or not over_ceiling(reservation.attempt, ceiling):
+                    events.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
                 return events
 
             try:

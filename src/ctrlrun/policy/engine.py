@@ -349,7 +349,6 @@ class Policy:
             lambda s: s.approvals_required if s.approvals_required > 1 else None,
         )
         per_action("upstream", lambda s: "" if s.upstream is not None else None)
-        per_action("max_attempts", lambda s: s.max_attempts)
         if self._doc.mode == "observe":
             features.append("mode: observe")
         return features

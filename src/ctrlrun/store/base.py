@@ -28,7 +28,7 @@ class StateStore(Protocol):
     Who calls what: ``Control`` runs a call through ``start_attempt``, ``finish_attempt`` and
     ``record``, and reads ``get_approval`` and ``get_effect``; an approved call without an effect
     key spends its approval with ``consume_approval``, a reconcile hook settles an effect with
-    ``resolve_effect``. The approval providers ask and answer with ``put_approval_request``,
+    ``resolve_effect``, and an attempt refused by its ceiling is released with ``fail_effect``. The approval providers ask and answer with ``put_approval_request``,
     ``get_approval``, ``grant_approval`` and ``deny_approval``. The operator commands list
     (``pending_approvals``, ``list_effects``, ``receipts``, ``chain_head`` to verify the chain),
     answer and resolve (each answer writing its event in its own transaction, ``events=``), and
@@ -45,6 +45,10 @@ class StateStore(Protocol):
         self, effect_key: str, state: EffectState | str, resolver: str, *,
         events: Callable[[EffectRecord, datetime], Sequence[Event]] | None = None,
     ) -> EffectRecord: ...
+
+    def fail_effect(self, effect_key: str, action_id: str, error: str | None) -> None:
+        """Move this attempt's record to ``failed`` (releasing its budget charges)."""
+        ...
 
     def get_effect(self, effect_key: str) -> EffectRecord | None: ...
 
