@@ -556,7 +556,6 @@ actions:
     assert policy.unenforced_features() == [
         "approvals_required: (a: 2)",
         "upstream: (a)",
-        "max_attempts: (a: 3)",
     ]
 
 

@@ -261,7 +261,7 @@ def test_wrapper_keeps_metadata(control):
 
 def test_control_refuses_unenforced_features(store):
     policy = Policy.from_yaml(
-        "schema: ctrlrun.policy/v5\nactions:\n  a.b: { decision: allow, max_attempts: 3 }\n"
+        "schema: ctrlrun.policy/v6\nactions:\n  a.b: { decision: approve, approvals_required: 2 }\n"
     )
     with pytest.raises(PolicyError, match="not enforced"):
         Control(policy, store)
