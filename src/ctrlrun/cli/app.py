@@ -15,6 +15,7 @@ from .commands_effects import effects, resolve
 from .commands_pending import pending
 from .commands_policy import init, policy
 from .commands_receipts import receipts
+from .commands_stats import stats
 from .demo import demo
 from .stores import Settings
 from .text import reader_left, reset_output, safe
@@ -68,5 +69,5 @@ def cli(ctx: click.Context) -> None:
     reset_output()
 
 
-for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect):
+for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats):
     cli.add_command(_command)

@@ -20,6 +20,7 @@ from ..errors import AuthorityEscalation, CTRLRunError, InvalidArgument
 from ..policy import Policy
 from ..receipt import JSONLEventSink
 from ..store import open_store_url
+from .commands_stats import observe_banner
 from .stores import Settings, open_operator_store, select_store_url, store_url_option
 from .text import compact_json, say, say_raw
 
@@ -41,6 +42,7 @@ def _control(settings: Settings, store_url: str | None) -> Iterator[Control]:
     absent, its JSONL copy of the evidence); ``--store-url`` replaces the store."""
     policy_file = policy_path()
     policy = Policy.from_file(policy_file)
+    observe_banner(policy)
     if store_url is None:
         store, evidence = open_default_store(policy_file)
     else:
@@ -188,6 +190,7 @@ def _budgets_of(control: Control, grant_id: str) -> Any:
 def inspect(settings: Settings, grant_id: str, as_json: bool, store_url: str | None) -> None:
     """What a grant's budgets have consumed in their windows, and which effects hold it."""
     policy = Policy.from_file(policy_path())
+    observe_banner(policy)
     now = settings.clock()
     with open_operator_store(settings, store_url, read_only=True) as store:
         control = Control(policy, store, clock=settings.clock)

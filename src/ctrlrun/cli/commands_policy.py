@@ -11,6 +11,7 @@ import click
 from .._default import policy_path
 from ..errors import CTRLRunError, PolicyError
 from ..policy import Policy
+from .commands_stats import observe_banner
 from .text import say
 
 __all__ = ["init", "policy", "starter_policy"]
@@ -65,6 +66,7 @@ def check(file: str | None) -> None:
         if not message.startswith(f"{path}:"):
             message = f"{path}: {message}"
         raise PolicyError(message) from None
+    observe_banner(loaded)
     missing = loaded.unenforced_features()
     if missing:
         raise PolicyError(
