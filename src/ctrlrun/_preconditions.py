@@ -118,9 +118,8 @@ def recheck(
     record = yield call(control.store.get_approval, approval_id)
     now = getattr(control.store, "clock", control.clock)()  # as the consuming call judges expiry
     kept = check_consumable(record, approval_id, action.action_hash, now, action_id=action.action_id)
-    if kept is not None:
+    if kept is not None or record is None:
         return  # expired: the consuming call refuses it (and marks it expired)
-    assert record is not None
     stored = record.request.precondition_fingerprint
     attempt.precondition_at_request = stored
     if provider is None and stored is None:
