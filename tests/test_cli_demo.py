@@ -167,9 +167,12 @@ def test_demo_ignores_ctrlrun_variables(workdir, monkeypatch, value):
 
 
 def test_demo_exits_non_zero_when_a_guarantee_breaks(workdir, monkeypatch):
+    import ctrlrun._preconditions as preconditions
     import ctrlrun.store.steps as steps
 
     monkeypatch.setattr(steps, "check_consumable", lambda *args, **kwargs: None)
+    # the check the Control makes on its own read before the store's (preconditions need it)
+    monkeypatch.setattr(preconditions, "check_consumable", lambda *args, **kwargs: None)
     result = invoke(["demo"])
     assert result.code == 1
     assert "NOT REFUSED" in result.out

@@ -234,7 +234,8 @@ def test_decoration_checks():
     with pytest.raises(InvalidArgument):
         protect("x.y", reconcile="not callable")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="preconditions"):
-        protect("x.y", preconditions=lambda action: {})
+        protect("x.y", preconditions={"balance": 0})  # type: ignore[arg-type]
+    protect("x.y", preconditions=lambda action: {})  # a callable is accepted
     for bad in (lambda *args: None, lambda **kw: None, lambda data_scope: None):
         with pytest.raises(InvalidArgument, match="x.y"):
             protect("x.y")(bad)

@@ -38,6 +38,9 @@ class Attempt:
     reconciled: bool = False  # the reconcile hook runs at most once per call
     authority_grant_id: str | None = None  # the grant that passed, when authority is on
     budget_charges: tuple[Mapping[str, Any], ...] = ()  # the ledger rows the start wrote
+    precondition_at_request: str | None = None  # the fingerprint the presented request stores
+    precondition_at_recheck: str | None = None  # the fingerprint taken before spending it
+    precondition_error: str | None = None  # the type name of the recheck's failure, if it failed
 
     def __post_init__(self) -> None:
         self.started_at = self.now()
@@ -99,6 +102,8 @@ class Attempt:
             policy_hash=self.policy_hash,
             policy_version=self.policy_version,
             controls=self.controls,
+            precondition_at_request=self.precondition_at_request,
+            precondition_at_recheck=self.precondition_at_recheck,
             task=self.task,
             hop=self.hop,
             edited_from=self.edited_from,

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._attempt import Attempt
+from ._preconditions import invalidated_data
 from ._steps import Steps, call
 from .effect import EffectState, plan_reservation
 from .errors import ActionDenied, AmbiguousEffect, ApprovalMismatch, CTRLRunError, DuplicateEffect
@@ -23,6 +24,12 @@ _APPROVAL_ERRORS = {
     "expired": "approval {id} expired before it was used (expired)",
     "pending": "approval {id} has not been granted yet (pending)",
     "unknown": "no approval request {id} (unknown)",
+    "precondition_changed": "approval {id} was granted for another state of the resource "
+    "(precondition_changed)",
+    "precondition_missing": "approval {id} and this call disagree on a precondition: one of "
+    "them has none (precondition_missing)",
+    "precondition_unavailable": "approval {id} could not be rechecked: the precondition "
+    "provider failed ({error}) (precondition_unavailable)",
 }
 
 
@@ -34,13 +41,15 @@ def refuse_approval(control: Control, attempt: Attempt, refusal: ApprovalMismatc
         EventType.APPROVAL_INVALIDATED,
         reason=refusal.reason,
         action_hash=attempt.action.action_hash,
+        **invalidated_data(attempt, refusal.reason),
     )
     attempt.approver = yield from control._approver_of(attempt.approval_id)
     attempt.attempt = yield from control._attempt_number(attempt.effect_key)
     error = _APPROVAL_ERRORS.get(refusal.reason, "approval {id} refused ({reason})")
     yield from control._record(
         attempt,
-        attempt.receipt("blocked", error.format(id=attempt.approval_id, reason=refusal.reason)),
+        attempt.receipt("blocked", error.format(id=attempt.approval_id, reason=refusal.reason,
+                                               error=attempt.precondition_error)),
     )
 
 

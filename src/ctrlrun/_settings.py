@@ -39,6 +39,7 @@ class _Options:
     reconcile_eagerly: bool
     task: str | None
     hop: str | None
+    preconditions: Callable[..., Any] | None = None  # action -> the resource's state
 
 
 def _positive(value: timedelta, what: str) -> timedelta:

@@ -285,9 +285,11 @@ class InterruptApprovalProvider:
         ttl: timedelta | None = DEFAULT_APPROVAL_TTL,
         *,
         policy_hash: str | None = None,
+        precondition_fingerprint: str | None = None,
     ) -> ApprovalRequest:
         """Store a new ``pending`` request for ``action`` and return it (``Control`` calls this)."""
-        request = build_request(action, ttl, self._clock(), policy_hash=policy_hash)
+        request = build_request(action, ttl, self._clock(), policy_hash=policy_hash,
+                                precondition_fingerprint=precondition_fingerprint)  # fmt: skip
         self._store.put_approval_request(request)
         return request
 

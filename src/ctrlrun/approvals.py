@@ -436,10 +436,14 @@ def apply_consume(record: ApprovalRecord, now: datetime) -> ApprovalRecord:
 
 @runtime_checkable
 class ApprovalProvider(Protocol):
-    """Creates approval requests and waits for their answer (``None`` = denied)."""
+    """Creates approval requests and waits for their answer (``None`` = denied).
+
+    ``Control`` passes ``precondition_fingerprint=`` only for a call with ``preconditions=``.
+    """
 
     def request(
-        self, action: Action, ttl: timedelta | None, *, policy_hash: str | None = None
+        self, action: Action, ttl: timedelta | None, *, policy_hash: str | None = None,
+        precondition_fingerprint: str | None = None,
     ) -> ApprovalRequest: ...
 
     def wait(self, request_id: str, timeout: timedelta | float | None) -> Approval | None: ...
@@ -467,10 +471,13 @@ class _StoreProvider:
         self.clock = clock
 
     def request(
-        self, action: Action, ttl: timedelta | None = None, *, policy_hash: str | None = None
+        self, action: Action, ttl: timedelta | None = None, *, policy_hash: str | None = None,
+        precondition_fingerprint: str | None = None,
     ) -> ApprovalRequest:
-        """Store a new ``pending`` request for ``action`` and return it."""
-        request = build_request(action, ttl, self.clock(), policy_hash=policy_hash)
+        """Store a new ``pending`` request for ``action`` (with the fingerprint of the state the
+        human is asked about, if any) and return it."""
+        request = build_request(action, ttl, self.clock(), policy_hash=policy_hash,
+                                precondition_fingerprint=precondition_fingerprint)  # fmt: skip
         self.store.put_approval_request(request)
         return request
 

@@ -14,6 +14,7 @@ from ._ceiling import ceiling_of, over_ceiling, refuse_early, refuse_reserved
 from ._authorize import authority_of, authorize, charged, measure, refuse_budget
 from ._attempt import Attempt, describe, fan_out, message_of, storable
 from ._outcomes import lost_start, outcome_unrecorded
+from ._preconditions import check_provider, consumed_data, recheck, request_fingerprint
 from ._reconciling import reconcile
 from ._refusals import refuse_approval, refuse_before_asking, refuse_denied_approval, refuse_reservation
 from ._steps import Steps, call, drive, drive_async, run_function, unwrap
@@ -314,7 +315,7 @@ class Control:
         consume = evaluation.decision is Decision.APPROVE
         if consume and approval_id is None:
             yield from refuse_before_asking(self, attempt, options.lease)
-            yield from self._request_approval(attempt)
+            yield from self._request_approval(attempt, options)
 
         # reserve (the approval is spent in the same transaction)
         reservation = yield from self._start(attempt, options, approval_id if consume else None, charges, ceiling)
@@ -352,16 +353,14 @@ class Control:
                 f"effect key {effect_key!r} for action {action.name!r} is not usable: it must be "
                 "a non-empty string not starting with 'policy:' (reserved)"
             )
-        for option, value in (("preconditions", preconditions), ("scope", scope)):
-            if value is not None:
-                raise InvalidArgument(
-                    f"{option}= for action {action.name!r} is not enforced by this version of "
-                    "ctrlrun; remove it rather than run without it"
-                )
+        if scope is not None:
+            raise InvalidArgument(f"scope= for action {action.name!r} is not enforced by this version "
+                                  "of ctrlrun; remove it rather than run without it")  # fmt: skip
+        check_provider(preconditions, action.name)
         if reconcile_eagerly and reconcile is None:
             raise InvalidArgument(f"reconcile_eagerly=True for {action.name!r} needs reconcile=")
         lease = self._lease if lease is None else _positive(lease, "lease")
-        return _Options(effect_key, lease, reconcile, reconcile_eagerly, task, hop)
+        return _Options(effect_key, lease, reconcile, reconcile_eagerly, task, hop, preconditions)
 
     def _attempt(
         self, action: Action, effect_key: str | None, approval_id: str | None,
@@ -378,11 +377,11 @@ class Control:
             hop=hop,
         )
 
-    def _request_approval(self, attempt: Attempt) -> Steps[None]:
+    def _request_approval(self, attempt: Attempt, options: _Options) -> Steps[None]:
         action = attempt.action
-        request = yield call(
-            self._approvals.request, action, self._approval_ttl, policy_hash=self._policy_hash
-        )
+        fingerprinted = yield from request_fingerprint(self, attempt, options.preconditions)
+        request = yield call(self._approvals.request, action, self._approval_ttl,
+                             policy_hash=self._policy_hash, **fingerprinted)  # fmt: skip
         attempt.event(
             EventType.APPROVAL_REQUESTED,
             approval_id=request.request_id,
@@ -410,7 +409,8 @@ class Control:
                 events = list(attempt.pending)
                 if approval is not None:
                     attempt.spent(approval)
-                    events.append(attempt.new_event(EventType.APPROVAL_CONSUMED, approver=approval.approver))
+                    events.append(attempt.new_event(EventType.APPROVAL_CONSUMED, approver=approval.approver,
+                                                    **consumed_data(attempt)))  # fmt: skip
                 if reservation is not None:
                     attempt.attempt = reservation.attempt
                     events.append(attempt.new_event(
@@ -421,6 +421,8 @@ class Control:
                 return events
 
             try:
+                if approval_id is not None:  # the state approved, rechecked before it is spent
+                    yield from recheck(self, attempt, approval_id, options.preconditions)
                 _, reservation, stored = yield call(
                     self._store.start_attempt,
                     action_id=action.action_id,

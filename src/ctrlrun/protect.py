@@ -80,7 +80,8 @@ class _Protected:
     def __init__(self, name: str, func: Callable[..., Any], signature: inspect.Signature,
                  effect: str | None, resource: str | None, wait: bool, lease: timedelta | None,
                  reconcile: Reconcile | None, reconcile_eagerly: bool, control: Control | None,
-                 task: str | None, hop: str | None, scope: Any) -> None:  # fmt: skip
+                 task: str | None, hop: str | None, scope: Any,
+                 preconditions: Callable[[Action], Mapping[str, Any]] | None = None) -> None:  # fmt: skip
         self.name = name
         self.func = func
         self.signature = signature
@@ -94,6 +95,7 @@ class _Protected:
         self.task = task
         self.hop = hop
         self.scope = scope
+        self.preconditions = preconditions
         self.positional_only = tuple(
             p.name for p in signature.parameters.values() if p.kind is p.POSITIONAL_ONLY
         )
@@ -254,6 +256,7 @@ class _Protected:
             task=call.task,
             hop=call.hop,
             scope=self.scope,
+            preconditions=self.preconditions,
         )
         return value
 
@@ -307,12 +310,11 @@ def protect(
     for what, value in (("reconcile", reconcile), ("preconditions", preconditions), ("scope", scope)):
         if value is not None and not callable(value):
             raise InvalidArgument(f"@protect({name!r}): {what}= must be callable")
-    for what, value in (("preconditions", preconditions), ("scope", scope)):
-        if value is not None:
-            raise InvalidArgument(
-                f"@protect({name!r}): {what}= is not enforced by this version of ctrlrun; "
-                "remove it rather than run without it"
-            )
+    if scope is not None:
+        raise InvalidArgument(
+            f"@protect({name!r}): scope= is not enforced by this version of ctrlrun; "
+            "remove it rather than run without it"
+        )
     if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
         raise InvalidArgument(f"@protect({name!r}): lease= must be a positive timedelta")
     if not isinstance(reconcile_eagerly, bool):
@@ -327,7 +329,7 @@ def protect(
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         signature = _check_function(name, func)
         protected = _Protected(name, func, signature, effect, resource, wait, lease, reconcile,
-                               reconcile_eagerly, control, task, hop, scope)  # fmt: skip
+                               reconcile_eagerly, control, task, hop, scope, preconditions)  # fmt: skip
 
         if inspect.iscoroutinefunction(func):
 
