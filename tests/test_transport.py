@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import gc
 import http.client
 import os
 import socket
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 import ctrlrun
-from ctrlrun import EffectState, NotExecuted
+from ctrlrun import EffectState, NotExecuted, _ambient
 from ctrlrun.transport import (
     HTTPConnection,
     HTTPSConnection,
@@ -479,6 +480,20 @@ def test_a_thread_that_outlives_its_run_claims_nothing(protected: Protected) -> 
     assert type(raised[0]) is ConnectionRefusedError
 
 
+def test_runs_leave_nothing_behind(protected: Protected) -> None:
+    seen: list[bool] = []
+
+    def body() -> None:
+        seen.append(_ambient.current_run() is not None)
+
+    for key in range(20):
+        protected.run(str(key), body)
+    gc.collect()
+    assert seen == [True] * 20
+    assert not [o for o in gc.get_objects() if isinstance(o, _ambient.Run)]
+    assert _ambient.current_run() is None
+
+
 # -- sends elsewhere in the run
 
 
@@ -514,6 +529,31 @@ def test_a_thread_with_the_copied_context_marks_the_run(
     with pytest.raises(urllib.error.URLError):
         protected.run("k", body)
     assert protected.record("k") == (EffectState.AMBIGUOUS, 1)
+
+
+def test_a_thread_that_outlived_its_run_marks_the_runs_open_now(
+    protected: Protected, peers: Callable[..., Peer], refused: str
+) -> None:
+    peer = peers(answer(OK))
+    go, sent = threading.Event(), threading.Event()
+
+    def late() -> None:
+        go.wait()
+        read(peer.url)
+        sent.set()
+
+    def first() -> None:
+        threading.Thread(target=contextvars.copy_context().run, args=(late,), daemon=True).start()
+
+    def second() -> None:
+        go.set()  # the first run is over; its thread sends now, during this one
+        sent.wait()
+        read(refused)
+
+    protected.run("first", first)
+    with pytest.raises(urllib.error.URLError):
+        protected.run("second", second)
+    assert protected.record("second") == (EffectState.AMBIGUOUS, 1)
 
 
 def test_a_send_in_a_nested_protected_call_marks_the_outer_run(
