@@ -71,29 +71,31 @@ def read_request(conn: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
-def answer(reply: bytes | None) -> Callable[[socket.socket], bytes]:
-    """A handler that reads the request, sends ``reply`` (``None``: nothing) and hangs up."""
+Handler = Callable[[socket.socket, Callable[[bytes], None]], None]
 
-    def handle(conn: socket.socket) -> bytes:
-        request = read_request(conn)
+
+def answer(reply: bytes | None) -> Handler:
+    """A handler that reads the request, keeps it, sends ``reply`` (``None``: nothing) and hangs
+    up; kept before the reply, so a client holding the reply sees it kept."""
+
+    def handle(conn: socket.socket, keep: Callable[[bytes], None]) -> None:
+        keep(read_request(conn))
         if reply is not None:
             conn.sendall(reply)
-        return request
 
     return handle
 
 
-def garbage_instead_of_tls(conn: socket.socket) -> bytes:
-    hello = conn.recv(65536)  # the ClientHello
+def garbage_instead_of_tls(conn: socket.socket, keep: Callable[[bytes], None]) -> None:
+    keep(conn.recv(65536))  # the ClientHello
     conn.sendall(b"this is not TLS\r\n" * 8)
-    return hello
 
 
 class Peer:
     """A loopback TCP peer on 127.0.0.1 that handles each connection in turn and keeps what it
     read; ``stop()`` closes its port, so later connections are refused."""
 
-    def __init__(self, handle: Callable[[socket.socket], bytes]) -> None:
+    def __init__(self, handle: Handler) -> None:
         self.handle = handle
         self.received: list[bytes] = []
         self.stopping = False
@@ -110,7 +112,7 @@ class Peer:
                 if self.stopping:
                     return
                 try:
-                    self.received.append(self.handle(conn))
+                    self.handle(conn, self.received.append)
                 except OSError:
                     pass  # the client hung up first
 
@@ -124,10 +126,10 @@ class Peer:
 
 
 @pytest.fixture
-def peers() -> Iterator[Callable[[Callable[[socket.socket], bytes]], Peer]]:
+def peers() -> Iterator[Callable[[Handler], Peer]]:
     started: list[Peer] = []
 
-    def start(handle: Callable[[socket.socket], bytes]) -> Peer:
+    def start(handle: Handler) -> Peer:
         started.append(Peer(handle))
         return started[-1]
 
