@@ -15,8 +15,8 @@ _principal: ContextVar[tuple[str, str | None] | None] = ContextVar("ctrlrun_prin
 _approval: ContextVar[str | None] = ContextVar("ctrlrun_approval", default=None)
 
 #: Bumped before every byte ``ctrlrun.transport`` offers outside an open run (a thread that did
-#: not copy the executor's context): a run whose ``foreign`` differs has seen one, so every open
-#: run is marked at once without a registry of them.
+#: not copy an executor's context, or outlived the run it copied): a run whose ``foreign`` differs
+#: has seen such a byte, so every open run is marked at once, with no registry of them to leak.
 _foreign_sends = 0
 _foreign_lock = threading.Lock()
 
@@ -36,7 +36,7 @@ class Run:
         self.token: Token[Run | None] | None = None  # None once released
 
     def clean(self) -> bool:
-        """Open, and no transport byte was offered in it or by a thread outside every run."""
+        """Open, and since it began no transport byte was offered in it nor outside every run."""
         return self.token is not None and not self.sent and self.foreign == _foreign_sends
 
 

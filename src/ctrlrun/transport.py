@@ -1,10 +1,7 @@
-"""HTTP clients that turn a connection failure into ``NotExecuted`` only on evidence.
+"""HTTP clients that turn a failed ``connect()`` into ``NotExecuted`` only when no request byte
+can have left in this executor run; every other failure propagates unchanged (``ambiguous``).
 
-A failed ``connect()`` of a connection that never offered a request byte, in an executor run where
-no ``ctrlrun.transport`` connection offered one either, provably reached nobody: the effect may be
-recorded ``failed`` and retried. Everything else propagates unchanged and the effect stays
-``ambiguous``. Only requests sent through this module are seen: the claim holds only if every
-request of the effect goes through it. Import it explicitly; ``import ctrlrun`` does not.
+Only requests made through this module are seen, and ``import ctrlrun`` does not import it.
 """
 
 from __future__ import annotations
