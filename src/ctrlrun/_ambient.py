@@ -1,7 +1,8 @@
-"""Context variables shared by ``protect`` and ``Control``: principal, approval, token."""
+"""Context variables shared by ``protect`` and ``Control``: principal, approval, executor run."""
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from collections.abc import Iterator
@@ -12,7 +13,34 @@ __all__ = ["context", "with_approval", "idempotency_token", "current_hint", "pre
 
 _principal: ContextVar[tuple[str, str | None] | None] = ContextVar("ctrlrun_principal", default=None)
 _approval: ContextVar[str | None] = ContextVar("ctrlrun_approval", default=None)
-_token: ContextVar[tuple[str, int] | None] = ContextVar("ctrlrun_token", default=None)
+
+#: Bumped before every byte ``ctrlrun.transport`` offers outside an open run (a thread that did
+#: not copy an executor's context, or outlived the run it copied): a run whose ``foreign`` differs
+#: has seen such a byte, so every open run is marked at once, with no registry of them to leak.
+_foreign_sends = 0
+_foreign_lock = threading.Lock()
+
+
+class Run:
+    """One executor run: the effect key and attempt it holds, and whether a request byte went out
+    through ``ctrlrun.transport`` during it (a mark never cleared)."""
+
+    __slots__ = ("effect_key", "attempt", "parent", "foreign", "sent", "token")
+
+    def __init__(self, effect_key: str | None, attempt: int, parent: Run | None) -> None:
+        self.effect_key = effect_key or None
+        self.attempt = attempt
+        self.parent = parent  # the run this one is nested in: a byte sent here is sent there too
+        self.foreign = _foreign_sends
+        self.sent = False
+        self.token: Token[Run | None] | None = None  # None once released
+
+    def clean(self) -> bool:
+        """Open, and since it began no transport byte was offered in it nor outside every run."""
+        return self.token is not None and not self.sent and self.foreign == _foreign_sends
+
+
+_run: ContextVar[Run | None] = ContextVar("ctrlrun_run", default=None)
 
 
 def _check_name(value: object, what: str, *, optional: bool = False) -> None:
@@ -57,32 +85,56 @@ def presented_approval() -> str | None:
 
 @contextmanager
 def holding_effect(effect_key: str | None, attempt: int) -> Iterator[None]:
-    """Mark the running executor as the holder of ``effect_key`` at ``attempt``."""
-    reset = hold(effect_key, attempt)
+    """Mark the running executor as the holder of ``effect_key`` at ``attempt``: a fresh run."""
+    run = hold(effect_key, attempt)
     try:
         yield
     finally:
-        _token.reset(reset)
+        release(run)
 
 
-def hold(effect_key: str | None, attempt: int) -> Token[tuple[str, int] | None]:
-    """``holding_effect`` without the context manager: the token to give ``release``."""
-    return _token.set((effect_key, attempt) if effect_key else None)
+def hold(effect_key: str | None, attempt: int) -> Run:
+    """``holding_effect`` without the context manager: the handle to give ``release``."""
+    run = Run(effect_key, attempt, _run.get())
+    run.token = _run.set(run)
+    return run
 
 
-def release(token: Token[tuple[str, int] | None]) -> None:
-    """End what ``hold`` began."""
-    _token.reset(token)
+def release(run: Run) -> None:
+    """End what ``hold`` began; the run is closed for good."""
+    token = run.token
+    if token is not None:
+        _run.reset(token)
+        run.token = None
+
+
+def current_run() -> Run | None:
+    """The executor run this context is in, open or already released; ``None`` outside any."""
+    return _run.get()
+
+
+def offered_byte() -> None:
+    """Note that a request byte is about to go out: marks this run and the runs it is nested in,
+    or, from outside every open run, every open run."""
+    run = _run.get()
+    if run is None or run.token is None:
+        global _foreign_sends
+        with _foreign_lock:
+            _foreign_sends += 1
+        return
+    while run is not None:
+        run.sent = True
+        run = run.parent
 
 
 def idempotency_token() -> str:
     """A UUID stable within this attempt of this effect key; new after a ``failed`` renewal."""
     from .effect import idempotency_token_for
 
-    held = _token.get()
-    if held is None:
+    run = _run.get()
+    if run is None or run.effect_key is None:
         raise InvalidArgument(
             "idempotency_token() works only inside a protected function whose call holds an "
             "effect key (give @protect an effect= template)"
         )
-    return idempotency_token_for(*held)
+    return idempotency_token_for(run.effect_key, run.attempt)
