@@ -183,6 +183,7 @@ def test_policy_check_refusals(workdir, text, reason):
     result = invoke(["policy", "check", "bad.yaml"])
     assert result.code == 1
     assert result.out == ""
-    assert result.err.startswith(f"Error: {path}: ")
-    assert reason in result.err
-    assert result.err.count("\n") == 1
+    err = result.err.removeprefix("OBSERVE MODE — nothing is enforced\n")  # said first when observing
+    assert err.startswith(f"Error: {path}: ")
+    assert reason in err
+    assert err.count("\n") == 1

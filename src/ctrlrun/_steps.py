@@ -7,7 +7,6 @@ so the event loop never waits on a lock, and awaits the protected coroutine in t
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -93,6 +92,14 @@ async def drive_async(steps: Steps[T]) -> T:
             elif inspect.iscoroutinefunction(work.fn):
                 value = await work.fn(*work.args, **work.kwargs)
             else:
-                value = await asyncio.to_thread(work.fn, *work.args, **work.kwargs)
+                value = await _to_thread(work.fn, *work.args, **work.kwargs)
         except BaseException as exc:  # cancellation included: the pipeline records it, then re-raises
             error = _carry(exc)
+
+
+async def _to_thread(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """``asyncio.to_thread``, imported when first awaited: ``import ctrlrun`` stays free of
+    asyncio (and the ssl it imports)."""
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args, **kwargs)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
@@ -278,7 +277,7 @@ class _Protected:
     async def acall(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         control = self.control
         if self.needs_default():
-            control = cached_control() or await asyncio.to_thread(default_control)
+            control = cached_control() or await _to_thread(default_control)
         assert control is not None
         return await drive_async(self.steps(self.prepare(control, args, kwargs)))
 
@@ -348,3 +347,11 @@ def protect(
         return wrapper
 
     return decorate
+
+
+async def _to_thread(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """``asyncio.to_thread``, imported when first awaited: ``import ctrlrun`` stays free of
+    asyncio (and the ssl it imports)."""
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args, **kwargs)
