@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from . import _ambient
 from ._settings import CallOptions, ReadOnly, Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
-from ._ceiling import ceiling_of, over_ceiling, refuse_early, refuse_reserved
-from ._authorize import authority_of, authorize, charged, measure, refuse_budget
+from ._starting import start
+from ._ceiling import ceiling_of, refuse_early, refuse_reserved
+from ._authorize import authority_of, authorize, measure
 from ._attempt import Attempt, describe, fan_out, message_of, storable
-from ._outcomes import lost_start, outcome_unrecorded
-from ._preconditions import check_provider, consumed_data, recheck, request_fingerprint
+from ._outcomes import outcome_unrecorded
+from ._preconditions import check_provider, request_fingerprint
 from ._reconciling import reconcile
-from ._refusals import refuse_approval, refuse_before_asking, refuse_denied_approval, refuse_reservation
+from ._refusals import refuse_before_asking
 from ._steps import Steps, call, drive, drive_async, run_function, unwrap
 from ._straight import Straight
 from ._time import Clock, format_ts, utc_now
@@ -27,10 +28,8 @@ from .errors import (
     ActionDenied,
     AmbiguousEffect,
     AmbiguousWrite,
-    ApprovalMismatch,
     ApprovalRequired,
     CTRLRunError,
-    BudgetExhausted,
     DuplicateEffect,
     IdentityError,
     InvalidArgument,
@@ -401,68 +400,7 @@ class Control:
     ) -> Steps[Any]:
         """Consume the approval, reserve the key and take the budget charges in one store
         transaction; record refusals."""
-        action = attempt.action
-        charging = {"charges": tuple(charges)} if charges else {}
-        while True:
-            def started(approval: Any, reservation: Any) -> list[Any]:
-                # the start's events; the store may ask again if it has to plan the start anew
-                events = list(attempt.pending)
-                if approval is not None:
-                    attempt.spent(approval)
-                    events.append(attempt.new_event(EventType.APPROVAL_CONSUMED, approver=approval.approver,
-                                                    **consumed_data(attempt)))  # fmt: skip
-                if reservation is not None:
-                    attempt.attempt = reservation.attempt
-                    events.append(attempt.new_event(
-                        EventType.EFFECT_RESERVED, attempt=reservation.attempt,
-                        lease_expires_at=format_ts(reservation.lease_expires_at)))  # fmt: skip
-                if reservation is None or not over_ceiling(reservation.attempt, ceiling):
-                    events.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
-                return events
-
-            try:
-                if approval_id is not None:  # the state approved, rechecked before it is spent
-                    yield from recheck(self, attempt, approval_id, options.preconditions)
-                _, reservation, stored = yield call(
-                    self._store.start_attempt,
-                    action_id=action.action_id,
-                    effect_key=options.effect_key,
-                    lease=options.lease,
-                    approval_id=approval_id,
-                    action_hash=action.action_hash if approval_id else None,
-                    events=started,
-                    return_events=bool(self._sinks),
-                    **charging,
-                )
-            except BudgetExhausted as refusal:
-                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                raise (yield from refuse_budget(self, attempt, refusal)) from None
-            except ApprovalMismatch as refusal:
-                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                yield from refuse_approval(self, attempt, refusal)
-                raise
-            except ActionDenied as refusal:
-                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                yield from refuse_denied_approval(self, attempt, refusal)
-                raise
-            except DuplicateEffect as refusal:
-                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                yield from refuse_reservation(self, attempt, refusal, state=refusal.state)
-                raise
-            except AmbiguousWrite as lost:
-                raise (yield from lost_start(self, attempt, lost)) from None
-            except AmbiguousEffect as refusal:
-                attempt.pending = [e for e in attempt.pending if e.type in _BEFORE_START]
-                if options.reconcile is not None and not attempt.reconciled:
-                    if (yield from self._reconcile(attempt, options, "blocking")) != "unknown":
-                        continue  # resolved: reserve again (renewal, or a committed duplicate)
-                yield from refuse_reservation(self, attempt, refusal, state=None)
-                raise
-            attempt.pending.clear()  # written by the start
-            if charges:
-                attempt.budget_charges = charged(charges)
-            fan_out(self._sinks, stored, None)
-            return reservation
+        return (yield from start(self, attempt, options, approval_id, charges, ceiling))
 
     def _execute(
         self, attempt: Attempt, options: _Options, executor: Callable[[], Any], reservation: Any
@@ -585,14 +523,3 @@ class Control:
 
 
 _PRINCIPALS: dict[tuple[str, str | None], Principal] = {}
-
-_BEFORE_START = frozenset(
-    {
-        EventType.ACTION_PROPOSED,
-        EventType.AUTHORITY_RESOLVED,
-        EventType.POLICY_EVALUATED,
-        EventType.RECONCILIATION_STARTED,
-        EventType.RECONCILIATION_RESOLVED,
-        EventType.EFFECT_RESOLVED,
-    }
-)
