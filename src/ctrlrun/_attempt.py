@@ -36,6 +36,9 @@ class Attempt:
     edit_diff: dict[str, Any] | None = None
     pending: list[Event] = field(default_factory=list)
     reconciled: bool = False  # the reconcile hook runs at most once per call
+    observing: bool = False  # observe mode: refusals are noted, the call goes on
+    blocked_reason: str | None = None  # the first refusal enforce mode would have raised
+    holding: bool = True  # False: an observed run whose reservation was refused
     authority_grant_id: str | None = None  # the grant that passed, when authority is on
     budget_charges: tuple[Mapping[str, Any], ...] = ()  # the ledger rows the start wrote
     precondition_at_request: str | None = None  # the fingerprint the presented request stores
@@ -78,6 +81,11 @@ class Attempt:
 
     def receipt(self, result: str, error: str | None = None) -> Receipt:
         principal = self.action.principal
+        execution = would_have = None
+        if self.observing:  # what the function did, and what enforce mode would have done
+            execution, result = result, "observed"
+            would_have = {"decision": self.decision, "reason": self.reason,
+                          "blocked_reason": self.blocked_reason}  # fmt: skip
         return Receipt(
             receipt_id=new_id("ctr"),
             action_id=self.action.action_id,
@@ -94,8 +102,8 @@ class Attempt:
             effect_key=self.effect_key,
             attempt=self.attempt,
             result=result,
-            execution=None,
-            would_have=None,
+            execution=execution,
+            would_have=would_have,
             error=error,
             started_at=self.started_at,
             finished_at=self.now(),

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._attempt import Attempt, storable
 from ._ledger import Charge, ledger_rows
+from ._observing import note, observe_unmeasurable
 from ._steps import Steps, call
 from .errors import ActionDenied, AuthorityDenied, BudgetExhausted, InvalidArgument
 from .receipt import EventType
@@ -77,6 +78,9 @@ def authorize(control: Control, attempt: Attempt) -> Steps[Resolution]:
         return resolution
     attempt.decision, attempt.reason = "deny", resolution.reason
     attempt.event(EventType.AUTHORITY_DENIED, **resolution.event_data())
+    if attempt.observing:  # noted; the call goes on without asking the policy
+        note(attempt, resolution.reason)
+        return resolution
     attempt.event(EventType.ACTION_DENIED, reason=resolution.reason)
     yield from control._record(attempt, attempt.receipt("denied"))
     principal = action.principal
@@ -99,15 +103,23 @@ def measure(control: Control, attempt: Attempt, resolution: Resolution | None) -
         return ()
     from .authority import charges_for
 
+    if not resolution.passed:
+        return ()
     try:
-        return charges_for(resolution, attempt.action.arguments, attempt.effect_key)
+        charges = charges_for(resolution, attempt.action.arguments, attempt.effect_key)
     except ActionDenied as refusal:
         refusal.action_id = attempt.action.action_id
+        if attempt.observing:
+            observe_unmeasurable(attempt, refusal)
+            return ()
         error = storable(str(refusal))
         attempt.decision, attempt.reason = "deny", refusal.reason
         attempt.event(EventType.ACTION_DENIED, reason=refusal.reason, error=error)
         yield from control._record(attempt, attempt.receipt("denied", error))
         raise
+    if attempt.observing:  # what would have been charged, though nothing is
+        attempt.budget_charges = charged(charges)
+    return charges
 
 
 def charged(charges: Sequence[Charge]) -> tuple[Mapping[str, Any], ...]:

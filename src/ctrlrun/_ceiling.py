@@ -11,6 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ._attempt import Attempt
+from ._observing import note
 from ._steps import Steps, call
 from .effect import EffectState
 from .errors import ActionDenied
@@ -67,6 +68,10 @@ def refuse_early(control: Control, attempt: Attempt, ceiling: int | None) -> Ste
     if record is None or record.state is not EffectState.FAILED or record.attempt + 1 <= ceiling:
         return
     refusal = _refused(attempt, record.attempt + 1, ceiling)
+    if attempt.observing:  # noted; the reservation is still attempted
+        attempt.attempt = 1
+        note(attempt, "attempt_ceiling")
+        return
     yield from control._record(attempt, attempt.receipt("blocked", str(refusal)))
     raise refusal
 
@@ -76,6 +81,9 @@ def refuse_reserved(control: Control, attempt: Attempt, reservation: Any, ceilin
     record as ``failed`` (its budget charge with it) without running the function."""
     number = reservation.attempt
     refusal = _refused(attempt, number, ceiling)
+    if attempt.observing:  # noted; the attempt owns the record and runs
+        note(attempt, "attempt_ceiling")
+        return
     yield from control._record(attempt, attempt.receipt("blocked", str(refusal)))
     yield call(
         control.store.fail_effect, attempt.effect_key, attempt.action.action_id,

@@ -11,12 +11,12 @@ from ._preconditions import invalidated_data
 from ._steps import Steps, call
 from .effect import EffectState, plan_reservation
 from .errors import ActionDenied, AmbiguousEffect, ApprovalMismatch, CTRLRunError, DuplicateEffect
-from .receipt import EventType
+from .receipt import Event, EventType
 
 if TYPE_CHECKING:
     from .control import Control
 
-__all__ = ["refuse_approval", "refuse_denied_approval", "refuse_reservation", "refuse_before_asking"]
+__all__ = ["reservation_event", "refuse_approval", "refuse_denied_approval", "refuse_reservation", "refuse_before_asking"]
 
 _APPROVAL_ERRORS = {
     "mismatch": "approval {id} is bound to another action (mismatch)",
@@ -67,16 +67,22 @@ def refuse_denied_approval(control: Control, attempt: Attempt, refusal: ActionDe
     refusal.action_id = attempt.action.action_id
 
 
+def reservation_event(attempt: Attempt, refusal: CTRLRunError) -> Event:
+    """The ``EFFECT_RESERVATION_REFUSED`` event of a key that is taken or ambiguous."""
+    if isinstance(refusal, DuplicateEffect):
+        return attempt.new_event(EventType.EFFECT_RESERVATION_REFUSED, reason="duplicate", state=refusal.state)
+    return attempt.new_event(EventType.EFFECT_RESERVATION_REFUSED, reason="ambiguous")
+
+
 def refuse_reservation(
     control: Control, attempt: Attempt, refusal: CTRLRunError, *, state: str | None
 ) -> Steps[None]:
     """A key that is taken (``state``) or ambiguous (``None``): the event, a ``blocked`` receipt."""
     key = attempt.effect_key
+    attempt.pending.append(reservation_event(attempt, refusal))
     if state is None:
-        attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="ambiguous")
         error = f"effect {key} may already have happened (ambiguous); blind retry refused"
     else:
-        attempt.event(EventType.EFFECT_RESERVATION_REFUSED, reason="duplicate", state=state)
         error = (
             f"effect {key} already committed (duplicate)"
             if state == "committed"

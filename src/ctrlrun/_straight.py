@@ -86,8 +86,8 @@ class Straight:
         """``(value, None)`` once the call ran and is recorded, or ``(GIVE_WAY, evaluation)``
         when it must take the pipeline (nothing written but a refusal's kept write)."""
         control = self.control
-        if action.principal.expires_at is not None or control._authority is not None:
-            return GIVE_WAY, None  # the pipeline judges an expiring principal, and authority
+        if action.principal.expires_at is not None or control._authority is not None or control._observing:
+            return GIVE_WAY, None  # the pipeline judges an expiring principal, authority, observing
         if action.name in self._ceilinged:
             return GIVE_WAY, None  # the pipeline counts attempts against the ceiling
         evaluation = control.policy.evaluate(action)

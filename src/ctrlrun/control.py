@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Unpack, cast
 from . import _ambient
 from ._settings import CallOptions, ReadOnly, Reconcile, ReconcileOutcome, _Options, _positive, _resolve_environment  # noqa: F401
 from ._starting import start
+from ._observing import note, note_if, observe_approval, observe_asking, observe_budgets, observe_start
 from ._ceiling import ceiling_of, refuse_early, refuse_reserved
 from ._authorize import authority_of, authorize, measure
 from ._attempt import Attempt, describe, fan_out, message_of, storable
@@ -104,6 +105,7 @@ class Control:
             store, clock=clock
         )
         self._authority = authority_of(policy.authority, authority)
+        self._observing = policy.mode == "observe"  # record every refusal, enforce none
         self._ceiling_warned: set[str] = set()  # actions warned of a ceiling without a key
         if authority is not None and self._authority is not None:  # the hash names what is enforced
             self._policy_hash = policy.runtime_hash(self._environment, authority=self._authority.hash_member())
@@ -278,26 +280,33 @@ class Control:
         # normalize
         attempt.event(EventType.ACTION_PROPOSED, action_hash=action.action_hash)
 
-        # decide
+        # decide (observing, each refusal is noted and the call goes on: ``_observing``)
+        observing = attempt.observing = self._observing
         expired = action.principal.expires_at
         if expired is not None and self._clock() > expired:
-            attempt.decision, attempt.reason = str(Decision.DENY), "principal_expired"
-            attempt.event(EventType.ACTION_DENIED, reason="principal_expired")
-            yield from self._record(attempt, attempt.receipt("denied"))
-            raise ActionDenied(
-                f"action {action.name!r} denied: the principal {action.principal.agent!r} expired "
-                f"at {format_ts(expired)}; renew its credential before calling again",
-                reason="principal_expired",
-                action_id=action.action_id,
-            )
+            if observing:
+                note(attempt, "principal_expired")
+            else:
+                attempt.decision, attempt.reason = str(Decision.DENY), "principal_expired"
+                attempt.event(EventType.ACTION_DENIED, reason="principal_expired")
+                yield from self._record(attempt, attempt.receipt("denied"))
+                raise ActionDenied(
+                    f"action {action.name!r} denied: the principal {action.principal.agent!r} "
+                    f"expired at {format_ts(expired)}; renew its credential before calling again",
+                    reason="principal_expired",
+                    action_id=action.action_id,
+                )
         resolution = (yield from authorize(self, attempt)) if self._authority is not None else None
-        if evaluation is None:
-            evaluation = self._policy.evaluate(action)
-        attempt.decision = str(evaluation.decision)
-        attempt.reason = evaluation.reason
-        attempt.controls = tuple(evaluation.controls)
-        attempt.event(EventType.POLICY_EVALUATED, decision=attempt.decision, reason=attempt.reason)
-        if evaluation.decision is Decision.DENY:
+        if resolution is not None and not resolution.passed:  # observed: the policy is not asked
+            evaluation = Evaluation(Decision.DENY, resolution.reason)
+        else:
+            if evaluation is None:
+                evaluation = self._policy.evaluate(action)
+            attempt.decision = str(evaluation.decision)
+            attempt.reason = evaluation.reason
+            attempt.controls = tuple(evaluation.controls)
+            attempt.event(EventType.POLICY_EVALUATED, decision=attempt.decision, reason=attempt.reason)
+        if evaluation.decision is Decision.DENY and not note_if(attempt, evaluation.reason):
             attempt.event(EventType.ACTION_DENIED, reason=evaluation.reason)
             yield from self._record(attempt, attempt.receipt("denied"))
             raise ActionDenied(
@@ -310,17 +319,27 @@ class Control:
         yield from refuse_early(self, attempt, ceiling)
         charges = yield from measure(self, attempt, resolution)
 
-        # approve
+        # approve (observing, nobody is asked and nothing is spent)
         consume = evaluation.decision is Decision.APPROVE
         if consume and approval_id is None:
-            yield from refuse_before_asking(self, attempt, options.lease)
-            yield from self._request_approval(attempt, options)
+            if observing:
+                yield from observe_asking(self, attempt, options)
+            else:
+                yield from refuse_before_asking(self, attempt, options.lease)
+                yield from self._request_approval(attempt, options)
+        elif consume and observing:
+            assert approval_id is not None
+            yield from observe_approval(self, attempt, approval_id, options)
 
         # reserve (the approval is spent in the same transaction)
-        reservation = yield from self._start(attempt, options, approval_id if consume else None, charges, ceiling)
+        if observing:
+            reservation = yield from observe_start(self, attempt, options)
+            yield from observe_budgets(self, attempt, charges)
+        else:
+            reservation = yield from self._start(attempt, options, approval_id if consume else None, charges, ceiling)
         if reservation is not None and ceiling is not None and reservation.attempt > ceiling:
-            yield from refuse_reserved(self, attempt, reservation, ceiling)  # raises
-        if not consume and approval_id is not None:
+            yield from refuse_reserved(self, attempt, reservation, ceiling)  # raises unless observing
+        if not consume and approval_id is not None and not observing:
             yield from self._close_unneeded_approval(attempt, approval_id)
 
         # execute, resolve, record
@@ -405,7 +424,7 @@ class Control:
     def _execute(
         self, attempt: Attempt, options: _Options, executor: Callable[[], Any], reservation: Any
     ) -> Steps[tuple[Any, Receipt]]:
-        key = options.effect_key
+        key = options.effect_key if attempt.holding else None
         number = reservation.attempt if reservation is not None else 1
         with _ambient.holding_effect(key, number):
             try:
@@ -437,7 +456,8 @@ class Control:
         except AmbiguousWrite as unrecorded:
             exc.add_note(str(unrecorded))  # the function's own exception goes on, with this
             return
-        if wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key:
+        if (wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key
+                and not attempt.observing):  # fmt: skip
             yield from self._reconcile(attempt, options, "eager")
             if attempt.pending:
                 yield from self._record(attempt, None)
@@ -453,6 +473,8 @@ class Control:
         }[outcome]
         attempt.event(event_type, **({} if error is None else {"error": error}))
         receipt = attempt.receipt(outcome.value, error)
+        if not attempt.holding:  # observed, its reservation refused: no record to move
+            return (yield from self._record(attempt, receipt))
         try:
             events, stored = yield call(
                 self._store.finish_attempt,

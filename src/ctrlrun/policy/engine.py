@@ -349,8 +349,6 @@ class Policy:
             lambda s: s.approvals_required if s.approvals_required > 1 else None,
         )
         per_action("upstream", lambda s: "" if s.upstream is not None else None)
-        if self._doc.mode == "observe":
-            features.append("mode: observe")
         return features
 
     def __repr__(self) -> str:
