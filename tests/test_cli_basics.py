@@ -172,7 +172,7 @@ def test_policy_check_blank_ctrlrun_config(workdir, monkeypatch):
         (None, "policy file not found"),
         ("schema: ctrlrun.policy/v2\nactions: [\n", "not valid YAML"),
         ("schema: ctrlrun.policy/v2\nactions:\n  a:\n    decision: maybe\n", ""),
-        ("schema: ctrlrun.policy/v3\nmode: observe\nactions:\n  a:\n    decision: allow\n",
+        ("schema: ctrlrun.policy/v6\nactions:\n  a:\n    decision: approve\n    approvals_required: 2\n",
          "not enforced by this version"),
     ],
 )  # fmt: skip

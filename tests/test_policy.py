@@ -505,7 +505,7 @@ def test_top_level_properties() -> None:
     assert policy.source == "<string>"
     assert policy.authority is None
     assert policy.evaluate(act("a")).decision is Decision.ALLOW
-    assert policy.unenforced_features() == ["mode: observe"]
+    assert policy.unenforced_features() == []  # observe mode is enforced as observing
     plain = load(SIMPLE)
     assert (plain.mode, plain.environment, plain.version) == ("enforce", None, None)
     assert "Policy(" in repr(plain)

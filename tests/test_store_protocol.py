@@ -25,6 +25,8 @@ CALLERS = (
     "_delegating.py",  # Control.delegate / revoke
     "_reconciling.py",  # the Control's reconcile hook
     "_ceiling.py",  # the attempt ceiling's release of a refused reservation
+    "_starting.py",  # the start of a protected call
+    "_observing.py",  # observe mode's reads and reservation
     "protect.py",  # @protect, through control.store
     "approvals.py",  # the Local and Scripted providers
     "adapter.py",  # InterruptApprovalProvider
