@@ -42,11 +42,16 @@ actions:
 """
 
 
-def ceiling_worker(directory: str, barrier: Any, results: Any) -> None:
+def ceiling_worker(directory: str, barrier: Any, results: Any, store_url: str | None = None) -> None:
     os.chdir(directory)
     import ctrlrun
 
-    store = ctrlrun.SQLiteStateStore(Path(directory) / "state.db")
+    if store_url is None:
+        store = ctrlrun.SQLiteStateStore(Path(directory) / "state.db")
+    else:
+        from ctrlrun.store import open_store_url
+
+        store = open_store_url(store_url)
     control = ctrlrun.Control(ctrlrun.Policy.from_yaml(CEILING_POLICY), store)
 
     @ctrlrun.protect("job.run", effect="job:{job_id}", control=control)

@@ -157,3 +157,28 @@ def test_exactly_max_attempts_dispatches_across_processes(tmp_path: Path) -> Non
 def test_an_approved_call_is_asked_about_only_while_under_the_ceiling(world: World) -> None:
     with pytest.raises(ApprovalRequired):
         world.call(size=50)
+
+
+@pytest.mark.postgres
+def test_exactly_max_attempts_dispatches_across_processes_on_postgres(tmp_path: Path, pg_url: str) -> None:
+    from .conftest import create_pg_schema, drop_pg_schema
+
+    schema = create_pg_schema(pg_url)
+    try:
+        url = f"{pg_url}?ctrlrun_schema={schema}"
+        from ctrlrun.store import open_store_url
+
+        open_store_url(url).close()  # created and migrated once, before the race
+        context = multiprocessing.get_context("spawn")
+        barrier, results = context.Barrier(4), context.Queue()
+        processes = [context.Process(target=ceiling_worker, args=(str(tmp_path), barrier, results, url))
+                     for _ in range(4)]  # fmt: skip
+        for process in processes:
+            process.start()
+        outcomes = [results.get(timeout=120) for _ in processes]
+        for process in processes:
+            process.join(timeout=60)
+        assert all(o and o[-1] == "attempt_ceiling" for o in outcomes), outcomes
+        assert len((tmp_path / "dispatched.log").read_text(encoding="utf-8").splitlines()) == 2
+    finally:
+        drop_pg_schema(pg_url, schema)

@@ -257,3 +257,32 @@ def test_execute_returns_the_observed_receipt(observing: World, clock: FakeClock
     receipt = observing.control.execute(action, lambda: "ok", "refund:p1")
     assert (receipt.result, receipt.execution, receipt.decision) == ("observed", "committed", "deny")
     clock.advance(timedelta(seconds=1))
+
+
+def test_a_presented_approval_whose_world_changed_is_noted_and_left_granted(store: Any, clock: FakeClock) -> None:
+    world = {"balance": 100}
+    enforcing = Control(policy("enforce"), store, clock=clock)
+    observing = Control(policy("observe"), store, clock=clock)
+    ran: list[str] = []
+
+    def refunder(control: Control) -> Any:
+        @ctrlrun.protect("stripe.refund", effect="refund:{payment_id}", control=control,
+                         preconditions=lambda action: dict(world))  # fmt: skip
+        def refund(payment_id: str, amount: int) -> str:
+            ran.append(payment_id)
+            return "ok"
+
+        return refund
+
+    with ctrlrun.context(agent="agent"):
+        with pytest.raises(ApprovalRequired) as required:
+            refunder(enforcing)(payment_id="p1", amount=5_000)
+        request_id = required.value.request_id
+        store.grant_approval(request_id, "ops:ada")
+        world["balance"] = 0  # the state the human saw is gone
+        with ctrlrun.with_approval(request_id):
+            assert refunder(observing)(payment_id="p1", amount=5_000) == "ok"
+    last = store.receipts()[-1]
+    assert (last.result, last.would_have["blocked_reason"]) == ("observed", "precondition_changed")
+    assert store.get_approval(request_id).status == "granted"
+    assert ran == ["p1"]
