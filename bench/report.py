@@ -35,7 +35,8 @@ def compute_ratios(results: Results) -> None:
     results.targets.clear()
     _ab_targets(results)
 
-    tx = [(LABELS[r.store] + (" with the JSONL sink" if "sink" in r.variant else ""), r.tx_per_call)
+    tx = [(LABELS[r.store] + (" with the JSONL sink" if "sink" in r.variant else "")
+           + (" under authority" if "authority" in r.variant else ""), r.tx_per_call)
           for r in results.rows
           if r.bench == "allow" and r.variant.startswith("protected") and r.tx_per_call is not None]  # fmt: skip
     if tx:
