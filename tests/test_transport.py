@@ -162,10 +162,11 @@ def no_environment_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Protected:
-    """``net.call`` (effect key ``call:{key}``) on a SQLite store, run inside ``context()``."""
+    """``net.call`` (effect key ``call:{key}``) on a store (every shipped one), run inside
+    ``context()``."""
 
-    def __init__(self, tmp_path: Path) -> None:
-        self.store = ctrlrun.SQLiteStateStore(tmp_path / "state.db")
+    def __init__(self, store: Any) -> None:
+        self.store = store
         self.control = ctrlrun.Control(ctrlrun.Policy.from_yaml(POLICY), self.store)
 
     def run(self, key: str, body: Callable[[], Any], action: str = "net.call") -> Any:
@@ -191,10 +192,8 @@ class Protected:
 
 
 @pytest.fixture
-def protected(tmp_path: Path) -> Iterator[Protected]:
-    protected = Protected(tmp_path)
-    yield protected
-    protected.store.close()
+def protected(store: Any) -> Iterator[Protected]:
+    yield Protected(store)  # the store fixture closes the store
 
 
 def read(url: str, **options: Any) -> bytes:
