@@ -68,6 +68,16 @@ class Attempt:
             data=data,
         )
 
+    def reserved(self, reservation: Any) -> Event:
+        """Take the attempt number the store assigned; the ``EFFECT_RESERVED`` event saying so."""
+        self.attempt = reservation.attempt
+        return self.new_event(EventType.EFFECT_RESERVED, attempt=reservation.attempt,
+                              lease_expires_at=format_ts(reservation.lease_expires_at))  # fmt: skip
+
+    def started(self) -> Event:
+        """The ``EXECUTION_STARTED`` event: the function is about to run."""
+        return self.new_event(EventType.EXECUTION_STARTED, task=self.task, hop=self.hop)
+
     def spent(self, approval: Any) -> None:
         """Note the approval this attempt consumed: who answered it, and any edit they made."""
         self.approver = approval.approver

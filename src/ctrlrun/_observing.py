@@ -18,7 +18,6 @@ from ._preconditions import invalidated_data, recheck
 from ._refusals import reservation_event
 from ._settings import _Options
 from ._steps import Steps, call
-from ._time import format_ts
 from .approvals import check_consumable
 from .effect import EffectState, plan_reservation
 from .errors import ActionDenied, AmbiguousEffect, ApprovalMismatch, DuplicateEffect
@@ -99,17 +98,14 @@ def observe_start(control: Control, attempt: Attempt, options: _Options) -> Step
     key = attempt.effect_key
     if key is None:
         attempt.holding = False
-        attempt.pending.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
+        attempt.pending.append(attempt.started())
         return None
 
     def started(approval: Any, reservation: Any) -> list[Any]:
         events = list(attempt.pending)
         if reservation is not None:
-            attempt.attempt = reservation.attempt
-            events.append(attempt.new_event(
-                EventType.EFFECT_RESERVED, attempt=reservation.attempt,
-                lease_expires_at=format_ts(reservation.lease_expires_at)))  # fmt: skip
-        events.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
+            events.append(attempt.reserved(reservation))
+        events.append(attempt.started())
         return events
 
     from ._attempt import fan_out
@@ -124,7 +120,7 @@ def observe_start(control: Control, attempt: Attempt, options: _Options) -> Step
         note(attempt, _reason_of(refusal))
         attempt.holding = False
         attempt.attempt = 1
-        attempt.pending.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
+        attempt.pending.append(attempt.started())
         return None
     attempt.pending.clear()
     fan_out(control.sinks, stored, None)

@@ -14,7 +14,6 @@ from ._preconditions import consumed_data, recheck
 from ._refusals import refuse_approval, refuse_denied_approval, refuse_reservation
 from ._settings import _Options
 from ._steps import Steps, call
-from ._time import format_ts
 from .errors import (
     ActionDenied,
     AmbiguousEffect,
@@ -60,12 +59,9 @@ def start(
                 events.append(attempt.new_event(EventType.APPROVAL_CONSUMED, approver=approval.approver,
                                                 **consumed_data(attempt)))  # fmt: skip
             if reservation is not None:
-                attempt.attempt = reservation.attempt
-                events.append(attempt.new_event(
-                    EventType.EFFECT_RESERVED, attempt=reservation.attempt,
-                    lease_expires_at=format_ts(reservation.lease_expires_at)))  # fmt: skip
+                events.append(attempt.reserved(reservation))
             if reservation is None or not over_ceiling(reservation.attempt, ceiling):
-                events.append(attempt.new_event(EventType.EXECUTION_STARTED, task=attempt.task, hop=attempt.hop))
+                events.append(attempt.started())
             return events
 
         try:
