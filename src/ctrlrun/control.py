@@ -444,9 +444,11 @@ class Control:
         if isinstance(exc, NotExecuted):
             error = storable(message_of(exc) or describe(exc))
             try:
-                yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
+                failed = yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
             except AmbiguousWrite as unrecorded:
                 exc.add_note(str(unrecorded))
+                return
+            _hand_receipt(exc, failed)
             return
         try:
             wrote = yield from self._finish(
@@ -456,6 +458,7 @@ class Control:
         except AmbiguousWrite as unrecorded:
             exc.add_note(str(unrecorded))  # the function's own exception goes on, with this
             return
+        _hand_receipt(exc, wrote)
         if (wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key
                 and not attempt.observing):  # fmt: skip
             yield from self._reconcile(attempt, options, "eager")
@@ -545,3 +548,10 @@ class Control:
 
 
 _PRINCIPALS: dict[tuple[str, str | None], Principal] = {}
+
+
+def _hand_receipt(exc: BaseException, receipt: Receipt | None) -> None:
+    """An executor's exception that declares ``receipt = None`` gets the receipt recorded for it
+    (the MCP gateway names it in its answer)."""
+    if receipt is not None and getattr(exc, "receipt", 0) is None:
+        setattr(exc, "receipt", receipt)

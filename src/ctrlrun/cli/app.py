@@ -17,6 +17,7 @@ from .commands_policy import init, policy
 from .commands_receipts import receipts
 from .commands_stats import stats
 from .demo import demo
+from .gateway import gateway
 from .stores import Settings
 from .text import reader_left, reset_output, safe
 
@@ -69,5 +70,6 @@ def cli(ctx: click.Context) -> None:
     reset_output()
 
 
-for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats):
+for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats,
+                 gateway):
     cli.add_command(_command)

@@ -70,11 +70,13 @@ Observation = NeverConnected | Answered | Challenged | Broken | Cancelled
 class Verdict:
     """``state``: ``committed``, ``failed``, ``ambiguous`` or ``waiting`` (the upstream asks for
     more input). ``relay`` is the upstream's answer to pass on unchanged, else ``None`` (the
-    gateway answers with its own error). ``detail`` says why, for the record."""
+    gateway answers with its own error). ``detail`` says why, for the record; ``silent``: the
+    client cancelled, so it gets nothing."""
 
     state: str
     relay: dict[str, Any] | None
     detail: str
+    silent: bool = False
 
 
 def classify(observation: Observation, *, revision: str | None, not_executed_on_error: bool = False) -> Verdict:
@@ -87,7 +89,7 @@ def classify(observation: Observation, *, revision: str | None, not_executed_on_
     if isinstance(observation, Broken):
         return Verdict("ambiguous", None, observation.detail)
     if isinstance(observation, Cancelled):
-        return Verdict("ambiguous", None, observation.detail)
+        return Verdict("ambiguous", None, observation.detail, silent=True)
     message = observation.message
     if "error" in message:
         code = message["error"].get("code") if isinstance(message["error"], dict) else None
