@@ -108,10 +108,10 @@ def _config(options: dict[str, Any]) -> tuple[Any, Path]:
         raise GatewayUsage("--alias is required: name the upstream (e.g. --alias pay makes its tools mcp.pay.<tool>)")
     if ALIAS.fullmatch(alias) is None:
         raise GatewayUsage(f"--alias {alias!r} is not usable: 1-64 of a-z 0-9 _ -, starting with a letter or digit, no dots")
-    if bool(command) == bool(url):
-        raise GatewayUsage("give exactly one upstream: `-- COMMAND [ARG...]` (stdio) or --upstream URL with --listen HOST:PORT (http)")
     if (listen is None) != (url is None):
         raise GatewayUsage("--listen and --upstream go together: http mode needs both (stdio mode neither)")
+    if bool(command) == bool(url):
+        raise GatewayUsage("give exactly one upstream: `-- COMMAND [ARG...]` (stdio) or --upstream URL with --listen HOST:PORT (http)")
     http = listen is not None
     if (options["principal"] is None) == (options["principal_header"] is None):
         raise GatewayUsage("give exactly one principal source: --principal AGENT, or (http only) --principal-header NAME")
