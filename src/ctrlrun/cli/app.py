@@ -12,6 +12,7 @@ from ..errors import CTRLRunError
 from .commands_approvals import approve, deny
 from .commands_authority import delegate, inspect, revoke
 from .commands_effects import effects, resolve
+from .commands_operator import mcp_operator
 from .commands_pending import pending
 from .commands_policy import init, policy
 from .commands_receipts import receipts
@@ -69,5 +70,6 @@ def cli(ctx: click.Context) -> None:
     reset_output()
 
 
-for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats):
+for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats,
+                 mcp_operator):
     cli.add_command(_command)
