@@ -12,6 +12,7 @@ from ..errors import CTRLRunError
 from .commands_approvals import approve, deny
 from .commands_authority import delegate, inspect, revoke
 from .commands_effects import effects, resolve
+from .commands_operator import mcp_operator
 from .commands_pending import pending
 from .commands_policy import init, policy
 from .commands_receipts import receipts
@@ -71,5 +72,5 @@ def cli(ctx: click.Context) -> None:
 
 
 for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats,
-                 gateway):
+                 gateway, mcp_operator):
     cli.add_command(_command)

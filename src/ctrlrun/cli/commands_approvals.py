@@ -8,16 +8,17 @@ from typing import Any
 import click
 
 from .._time import format_ts
-from ..approvals import ApprovalRecord, ApprovalStatus
+from ..approvals import Approval, ApprovalRecord, ApprovalStatus
 from .._default import policy_path as settings_policy_path
 from ..edits import edited_arguments, grant_with_edits, parse_assignments
 from ..errors import ApprovalMismatch, CTRLRunError, InvalidArgument
 from ..policy import Policy
 from ..answers import answer_events
+from ..store import StateStore
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say
 
-__all__ = ["CLI_ANSWERER", "approve", "deny"]
+__all__ = ["CLI_ANSWERER", "answer_request", "approve", "deny"]
 
 CLI_ANSWERER = "cli:local"
 
@@ -32,6 +33,25 @@ def _refusal(request_id: str, before: ApprovalRecord | None, exc: ApprovalMismat
             "was answered; it is now marked expired and nothing was granted (the agent must ask again)"
         )
     return CTRLRunError(f"approval request {request_id} is already {exc.reason}; a request is answered once")
+
+
+def answer_request(store: StateStore, request_id: str, answerer: str, *,
+                   grant: bool) -> tuple[Approval | None, ApprovalRecord | None]:  # fmt: skip
+    """Grant (or deny) ``request_id`` as ``answerer``, writing the answer's event with it; returns
+    the grant (None below an approver threshold, and for a denial) and the record after it.
+    A refusal is raised in the operator's words; ``ctrlrun approve``/``deny`` and
+    ``ctrlrun mcp-operator`` share this."""
+    before = store.get_approval(request_id)
+    events = answer_events(answerer)
+    try:
+        if grant:
+            approval = store.grant_approval(request_id, answerer, events=events)
+        else:
+            store.deny_approval(request_id, answerer, events=events)
+            approval = None
+    except ApprovalMismatch as exc:
+        raise _refusal(request_id, before, exc) from None
+    return approval, store.get_approval(request_id) or before
 
 
 def _assignments(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, Any]:
@@ -74,15 +94,11 @@ def approve(settings: Settings, request_id: str, assignments: dict[str, Any],
             store_url: str | None) -> None:  # fmt: skip
     """Grant a pending approval request (recorded as cli:local), as asked or with edits."""
     with open_operator_store(settings, store_url) as store:
-        before = store.get_approval(request_id)
         if assignments or replace_all is not None:
+            before = store.get_approval(request_id)
             _approve_with_edits(settings, store, request_id, before, assignments, replace_all, allow_new)
             return
-        try:
-            approval = store.grant_approval(request_id, CLI_ANSWERER, events=answer_events(CLI_ANSWERER))
-        except ApprovalMismatch as exc:
-            raise _refusal(request_id, before, exc) from None
-        record = store.get_approval(request_id) or before
+        approval, record = answer_request(store, request_id, CLI_ANSWERER, grant=True)
         if approval is None:  # a threshold of several approvers is not met yet
             required = record.request.approvals_required if record is not None else "?"
             count = len(record.approvers) if record is not None else "?"
@@ -136,9 +152,5 @@ def _approve_with_edits(settings: Settings, store: Any, request_id: str,
 def deny(settings: Settings, request_id: str, store_url: str | None) -> None:
     """Refuse a pending approval request (recorded as cli:local)."""
     with open_operator_store(settings, store_url) as store:
-        before = store.get_approval(request_id)
-        try:
-            store.deny_approval(request_id, CLI_ANSWERER, events=answer_events(CLI_ANSWERER))
-        except ApprovalMismatch as exc:
-            raise _refusal(request_id, before, exc) from None
+        answer_request(store, request_id, CLI_ANSWERER, grant=False)
         say(f"denied {request_id}")

@@ -12,11 +12,12 @@ from .._ledger import Consumption
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError, InvalidArgument
 from ..answers import resolve_events
+from ..store import StateStore
 from .commands_approvals import CLI_ANSWERER
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
 
-__all__ = ["effects", "resolve"]
+__all__ = ["effects", "resolve", "resolve_ambiguous"]
 
 
 @click.command()
@@ -32,25 +33,31 @@ def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
         raise click.UsageError("give exactly one of --committed or --failed")
     state = EffectState.COMMITTED if committed else EffectState.FAILED
     with open_operator_store(settings, store_url) as store:
-        try:
-            store.resolve_effect(
-                effect_key, state, CLI_ANSWERER, events=resolve_events(CLI_ANSWERER, "human")
-            )
-        except InvalidArgument as exc:
-            current = store.get_effect(effect_key)
-            if current is None:
-                raise CTRLRunError(
-                    f"no effect {effect_key} in this store (`ctrlrun effects` lists them); nothing changed"
-                ) from None
-            if current.state is not EffectState.AMBIGUOUS:
-                raise CTRLRunError(
-                    f"effect {effect_key} is {current.state}, not ambiguous: only an ambiguous "
-                    "effect is resolved; nothing changed"
-                ) from None
-            raise exc from None
+        resolve_ambiguous(store, effect_key, state, CLI_ANSWERER)
         say(f"{effect_key} resolved {state} by {CLI_ANSWERER}")
         if state is EffectState.FAILED:
             say("a retry of this effect is now permitted")
+
+
+def resolve_ambiguous(store: StateStore, effect_key: str, state: EffectState,
+                      resolver: str) -> EffectRecord:  # fmt: skip
+    """Settle an ambiguous effect as ``state``, by a human named ``resolver``, writing its
+    ``EFFECT_RESOLVED`` event with it; a refusal is raised in the operator's words.
+    ``ctrlrun resolve`` and ``ctrlrun mcp-operator`` share this."""
+    try:
+        return store.resolve_effect(effect_key, state, resolver, events=resolve_events(resolver, "human"))
+    except InvalidArgument as exc:
+        current = store.get_effect(effect_key)
+        if current is None:
+            raise CTRLRunError(
+                f"no effect {effect_key} in this store (`ctrlrun effects` lists them); nothing changed"
+            ) from None
+        if current.state is not EffectState.AMBIGUOUS:
+            raise CTRLRunError(
+                f"effect {effect_key} is {current.state}, not ambiguous: only an ambiguous "
+                "effect is resolved; nothing changed"
+            ) from None
+        raise exc from None
 
 
 def _lease_lapsed(record: EffectRecord, now: datetime) -> bool:
