@@ -89,6 +89,13 @@ class Rounds:
                 self._forget(held)
         return verdict, reply
 
+    def abort(self) -> None:
+        """End every wait for a continuation (the connection is closing): each turns ambiguous."""
+        with self._lock:
+            waiting = [held for held in self._holds.values() if not held.taken]
+        for held in waiting:
+            held.ready.set()
+
     def _forget(self, held: _Hold) -> None:
         with self._lock:
             if self._holds.get(held.action_hash) is held:

@@ -107,6 +107,12 @@ class Interceptor:
         except _Refused as refused:
             reply(refused.answer)
 
+    def abort_holds(self) -> None:
+        """Turn every call waiting for input ambiguous now (the transport is shutting down)."""
+        rounds = getattr(self, "_rounds", None)  # a test double may not build one
+        if rounds is not None:
+            rounds.abort()
+
     # -- the steps -----------------------------------------------------------------------------
 
     def _call(self, message: dict[str, Any], answers: Answers, principal: Principal | str | None,

@@ -531,6 +531,9 @@ class _Relay:
             self._end_stream("the upstream was stopped")
         else:
             self._log("the upstream closed its output; ending the session")
+        abort = getattr(self._interceptor, "abort_holds", None)
+        if callable(abort):  # calls waiting for input can never be continued now
+            abort()
         with self._changed:
             self._closing = True
             while self._handlers:
