@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +22,8 @@ import mcp_types
 import pytest
 from mcp import MCPError
 
-from .conftest import MODES, REVISION, TRANSPORTS, Counter, RawStdio, confirming, connect, upstream_stdio_command
+from .conftest import (MODES, REVISION, TRANSPORTS, Counter, Mode, RawStdio, Transport, confirming, connect,
+                       upstream_stdio_command)
 from .upstream import GARBAGE_LINE, TOKEN_KEY, UPSTREAM_NAME, WRONG_ID
 from .upstream_http import CHALLENGE
 
@@ -41,7 +44,7 @@ MODERN_HEADERS = {
 }
 
 
-def target(transport: str, counter: Counter, upstream_http: Any, misbehave: str | None = None) -> Any:
+def target(transport: Transport, counter: Counter, upstream_http: Any, misbehave: str | None = None) -> Any:
     if transport == "stdio":
         return upstream_stdio_command(counter, misbehave)
     return upstream_http(misbehave).url
@@ -53,11 +56,12 @@ def text(result: Any) -> str:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_tools_resources_and_prompts(transport: str, mode: str, counter: Counter, upstream_http: Any) -> None:
+def test_tools_resources_and_prompts(transport: Transport, mode: Mode, counter: Counter, upstream_http: Any) -> None:
     url_or_command = target(transport, counter, upstream_http)
+    seen: list[Any] = []
 
     async def session() -> None:
-        async with connect(transport, mode, url_or_command) as client:  # type: ignore[arg-type]
+        async with connect(transport, mode, url_or_command, elicitation_callback=confirming(seen=seen)) as client:
             assert client.protocol_version == REVISION[mode]
             tools = {tool.name: tool for tool in (await client.list_tools()).tools}
             assert set(tools) == {"refund", "lookup", "boom", "confirm_delete"}
@@ -77,6 +81,10 @@ def test_tools_resources_and_prompts(transport: str, mode: str, counter: Counter
             boom = await client.call_tool("boom", {})
             assert boom.is_error and "boom: the tool ran and failed" in text(boom)
 
+            # Elicitation (handshake) or input_required (2026-07-28): the client's callback answers.
+            confirmed = await client.call_tool("confirm_delete", {"path": "/srv/a"})
+            assert not confirmed.is_error and text(confirmed) == "deleted /srv/a"
+
             resource = await client.read_resource("orders://42")
             assert [content.text for content in resource.contents] == ["order 42: paid"]
             prompt = await client.get_prompt("refund_prompt", {"order_id": "42"})
@@ -85,39 +93,24 @@ def test_tools_resources_and_prompts(transport: str, mode: str, counter: Counter
                 assert (refund.meta or {})["io.modelcontextprotocol/serverInfo"]["name"] == UPSTREAM_NAME
 
     anyio.run(session)
-    refund, boom = counter.executions()
+    refund, boom, confirm = counter.executions()
     assert refund == {"tool": "refund", "arguments": REFUND, "received": REFUND_WIRE, "token": "tok-1",
                       "protocol": REVISION[mode]}  # fmt: skip
     assert boom == {"tool": "boom", "arguments": {}, "received": "{}", "token": None, "protocol": REVISION[mode]}
-
-
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_confirm_delete_asks_first(transport: str, mode: str, counter: Counter, upstream_http: Any) -> None:
-    url_or_command = target(transport, counter, upstream_http)
-    seen: list[Any] = []
-
-    async def session() -> None:
-        async with connect(transport, mode, url_or_command, elicitation_callback=confirming(seen=seen)) as client:  # type: ignore[arg-type]
-            result = await client.call_tool("confirm_delete", {"path": "/srv/a"})
-            assert not result.is_error and text(result) == "deleted /srv/a"
-
-    anyio.run(session)
+    assert confirm["arguments"] == {"path": "/srv/a"} and confirm["confirmed"] is True
     assert [params.message for params in seen] == ["Delete /srv/a?"]
     assert seen[0].requested_schema["properties"]["confirm"]["type"] == "boolean"
-    [run] = counter.executions()
-    assert run["tool"] == "confirm_delete" and run["confirmed"] is True and run["arguments"] == {"path": "/srv/a"}
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_confirm_delete_declined_keeps_the_file(transport: str, counter: Counter, upstream_http: Any) -> None:
+def test_confirm_delete_declined_keeps_the_file(transport: Transport, counter: Counter, upstream_http: Any) -> None:
     url_or_command = target(transport, counter, upstream_http)
 
     async def decline(context: Any, params: Any) -> Any:
         return mcp_types.ElicitResult(action="decline")
 
     async def session() -> None:
-        async with connect(transport, "legacy", url_or_command, elicitation_callback=decline) as client:  # type: ignore[arg-type]
+        async with connect(transport, "legacy", url_or_command, elicitation_callback=decline) as client:
             assert text(await client.call_tool("confirm_delete", {"path": "/srv/b"})) == "kept /srv/b"
 
     anyio.run(session)
@@ -125,26 +118,28 @@ def test_confirm_delete_declined_keeps_the_file(transport: str, counter: Counter
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_input_required_round_trip(transport: str, counter: Counter, upstream_http: Any) -> None:
+def test_input_required_round_trip(transport: Transport, counter: Counter, upstream_http: Any) -> None:
     """2026-07-28: the first round answers ``input_required`` without running the tool; the
     continuation (a new request with ``inputResponses`` and the unchanged ``requestState``) runs it."""
     url_or_command = target(transport, counter, upstream_http)
 
     async def session() -> None:
         # The callback declares the elicitation capability; this test answers the question itself.
-        async with connect(transport, "auto", url_or_command, elicitation_callback=confirming()) as client:  # type: ignore[arg-type]
+        async with connect(transport, "auto", url_or_command, elicitation_callback=confirming()) as client:
             first = await client.session.call_tool("confirm_delete", {"path": "/srv/c"}, allow_input_required=True)
             assert isinstance(first, mcp_types.InputRequiredResult)
             assert first.result_type == "input_required"
-            [(key, request)] = first.input_requests.items()
+            [(key, request)] = (first.input_requests or {}).items()
             assert key.endswith(":ask_to_delete")
-            assert request.method == "elicitation/create" and request.params.message == "Delete /srv/c?"
+            assert isinstance(request, mcp_types.ElicitRequest) and request.params.message == "Delete /srv/c?"
             assert first.request_state  # sealed by the server, opaque to the client
             assert counter.count() == 0
 
             answers = {key: mcp_types.ElicitResult(action="accept", content={"confirm": True})}
-            final = await client.session.call_tool("confirm_delete", {"path": "/srv/c"}, input_responses=answers,
-                                                   request_state=first.request_state, allow_input_required=True)  # fmt: skip
+            final = await client.session.call_tool(
+                "confirm_delete", {"path": "/srv/c"}, input_responses=answers, request_state=first.request_state,
+                allow_input_required=True,
+            )
             assert isinstance(final, mcp_types.CallToolResult) and final.result_type == "complete"
             assert text(final) == "deleted /srv/c"
 
@@ -159,7 +154,7 @@ def test_http_stateless_and_json_response(counter: Counter, upstream_http: Any) 
     async def session() -> None:
         for url in (stateless, json_only):
             for mode in MODES:
-                async with connect("http", mode, url) as client:  # type: ignore[arg-type]
+                async with connect("http", mode, url) as client:
                     assert not (await client.call_tool("refund", REFUND)).is_error
 
     anyio.run(session)
@@ -189,9 +184,9 @@ def test_http_subprocess(counter: Counter) -> None:
 # Misbehaving upstreams: the tool runs, then the answer is lost or replaced.
 
 
-async def call_refund(transport: str, mode: str, url_or_command: Any) -> Any:
+async def call_refund(transport: Transport, mode: Mode, url_or_command: Any) -> Any:
     """The refund's result; an ``MCPError`` is raised as it is (not in the client's exception group)."""
-    async with connect(transport, mode, url_or_command) as client:  # type: ignore[arg-type]
+    async with connect(transport, mode, url_or_command) as client:
         try:
             return await client.call_tool("refund", REFUND)
         except MCPError as error:
@@ -201,7 +196,7 @@ async def call_refund(transport: str, mode: str, url_or_command: Any) -> Any:
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("misbehave, code", [("exit_after", -32000), ("invalid_request_after", -32600)])
-def test_stdio_misbehaving_error(misbehave: str, code: int, mode: str, counter: Counter) -> None:
+def test_stdio_misbehaving_error(misbehave: str, code: int, mode: Mode, counter: Counter) -> None:
     with pytest.raises(MCPError) as raised:
         anyio.run(call_refund, "stdio", mode, upstream_stdio_command(counter, misbehave))
     assert raised.value.code == code
@@ -209,7 +204,7 @@ def test_stdio_misbehaving_error(misbehave: str, code: int, mode: str, counter: 
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_stdio_garbage_after(mode: str, counter: Counter) -> None:
+def test_stdio_garbage_after(mode: Mode, counter: Counter) -> None:
     """The SDK client hands the unparseable line to its message handler; the call never returns."""
     broken: list[Exception] = []
 
@@ -222,7 +217,7 @@ def test_stdio_garbage_after(mode: str, counter: Counter) -> None:
                 arrived.set()
 
         command = upstream_stdio_command(counter, "garbage_after")
-        async with connect("stdio", mode, command, message_handler=handler) as client:  # type: ignore[arg-type]
+        async with connect("stdio", mode, command, message_handler=handler) as client:
             async with anyio.create_task_group() as group:
                 group.start_soon(client.call_tool, "refund", REFUND)
                 with anyio.fail_after(60):
@@ -235,7 +230,7 @@ def test_stdio_garbage_after(mode: str, counter: Counter) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_stdio_wrong_id_after(mode: str, counter: Counter) -> None:
+def test_stdio_wrong_id_after(mode: Mode, counter: Counter) -> None:
     """The SDK client drops an answer with an unknown id (a debug log line) and keeps waiting."""
     dropped: list[str] = []
 
@@ -253,7 +248,7 @@ def test_stdio_wrong_id_after(mode: str, counter: Counter) -> None:
         dispatcher_log.addHandler(handler)
         dispatcher_log.setLevel(logging.DEBUG)
         try:
-            async with connect("stdio", mode, upstream_stdio_command(counter, "wrong_id_after")) as client:  # type: ignore[arg-type]
+            async with connect("stdio", mode, upstream_stdio_command(counter, "wrong_id_after")) as client:
                 async with anyio.create_task_group() as group:
                     group.start_soon(client.call_tool, "refund", REFUND)
                     with anyio.fail_after(60):
@@ -274,21 +269,17 @@ def refund_request(id: int = 7) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}
 
 
-@pytest.mark.parametrize("misbehave", ["exit_after", "garbage_after", "wrong_id_after", "invalid_request_after"])
+@pytest.mark.parametrize("misbehave", ["garbage_after", "wrong_id_after"])
 def test_stdio_misbehaving_wire(misbehave: str, counter: Counter) -> None:
+    """The exact line instead of the answer (a 2026-07-28 call: no handshake needed)."""
     with RawStdio(upstream_stdio_command(counter, misbehave)) as peer:
         peer.send(refund_request())
         line = peer.receive()
-        if misbehave == "exit_after":
-            assert line == b"" and peer.process.wait(60) == 3
-        elif misbehave == "garbage_after":
+        if misbehave == "garbage_after":
             assert line.decode().rstrip("\n") == GARBAGE_LINE
         else:
             answer = json.loads(line)
-            if misbehave == "wrong_id_after":
-                assert answer["id"] == WRONG_ID and answer["result"]["resultType"] == "complete"
-            else:
-                assert answer["id"] == 7 and answer["error"]["code"] == -32600
+            assert answer["id"] == WRONG_ID and answer["result"]["resultType"] == "complete"
     assert counter.count("refund") == 1
 
 
@@ -303,7 +294,7 @@ HTTP_FAILURES: dict[str, dict[str, int]] = {
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("misbehave", sorted(HTTP_FAILURES))
-def test_http_misbehaving_error(misbehave: str, mode: str, counter: Counter, upstream_http: Any) -> None:
+def test_http_misbehaving_error(misbehave: str, mode: Mode, counter: Counter, upstream_http: Any) -> None:
     url = upstream_http(misbehave).url
     with pytest.raises(MCPError) as raised:
         anyio.run(call_refund, "http", mode, url)
@@ -312,7 +303,7 @@ def test_http_misbehaving_error(misbehave: str, mode: str, counter: Counter, ups
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_http_drop_after(mode: str, counter: Counter, upstream_http: Any) -> None:
+def test_http_drop_after(mode: Mode, counter: Counter, upstream_http: Any) -> None:
     url = upstream_http("drop_after").url
     with pytest.raises(BaseExceptionGroup) as raised:
         anyio.run(call_refund, "http", mode, url)
@@ -321,12 +312,33 @@ def test_http_drop_after(mode: str, counter: Counter, upstream_http: Any) -> Non
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_http_challenge_does_not_run_the_tool(mode: str, counter: Counter, upstream_http: Any) -> None:
+def test_http_challenge_does_not_run_the_tool(mode: Mode, counter: Counter, upstream_http: Any) -> None:
     url = upstream_http("challenge").url
     with pytest.raises(MCPError) as raised:
         anyio.run(call_refund, "http", mode, url)
     assert raised.value.code == -32603
     assert counter.count() == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_http_misbehaving_after_a_question(mode: Mode, counter: Counter, upstream_http: Any) -> None:
+    """Handshake era: a question sent mid-call over SSE lets the whole stream through unchanged
+    (the status line has gone out); 2026-07-28: the question round passes, the answer is cut."""
+    url = upstream_http("truncate_after").url
+
+    async def session() -> Any:
+        async with connect("http", mode, url, elicitation_callback=confirming()) as client:
+            try:
+                return await client.call_tool("confirm_delete", {"path": "/srv/d"})
+            except MCPError as error:
+                return error
+
+    outcome = anyio.run(session)
+    if mode == "legacy":
+        assert text(outcome) == "deleted /srv/d"
+    else:
+        assert isinstance(outcome, MCPError) and outcome.code == -32700
+    assert counter.count("confirm_delete") == 1
 
 
 def post_refund(url: str) -> httpx2.Response:
@@ -371,3 +383,51 @@ def test_unknown_misbehaviour_is_refused(counter: Counter, upstream_http: Any) -
     result = subprocess.run([*upstream_stdio_command(counter, "drop_after")], stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert result.returncode != 0 and "over stdio, use one of" in result.stderr
+
+
+# The documented example (examples/mcp): the server works with the real client, the policy decides.
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "mcp"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_example_refund_server(mode: Mode) -> None:
+    async def session() -> None:
+        async with connect("stdio", mode, [sys.executable, str(EXAMPLE / "refund_server.py")]) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            assert set(tools) == {"lookup", "refund"}
+            assert tools["refund"].input_schema["properties"]["amount_cents"]["exclusiveMinimum"] == 0
+            token = {"com.ctrlrun/idempotency_token": "tok-9"}
+            first = await client.call_tool("refund", {"order_id": "ord_1001", "amount_cents": 1500}, meta=token)
+            again = await client.call_tool("refund", {"order_id": "ord_1001", "amount_cents": 1500}, meta=token)
+            assert first.structured_content == again.structured_content
+            assert first.structured_content["refund_id"] == "re_1"
+            order = await client.call_tool("lookup", {"order_id": "ord_1001"})
+            assert order.structured_content["refunded_cents"] == 1500
+            assert (await client.call_tool("lookup", {"order_id": "nope"})).is_error
+
+    anyio.run(session)
+
+
+def test_example_policy() -> None:
+    from ctrlrun import Action, Control, InMemoryStateStore, Policy, Principal
+
+    policy = Policy.from_file(EXAMPLE / "ctrlrun.yaml")
+    assert policy.unenforced_features() == []
+    Control(policy, InMemoryStateStore())
+    agent = Principal("agent:support")
+    decisions = {
+        ("mcp.pay.lookup", "ord_1001", None): "allow",
+        ("mcp.pay.refund", "ord_1001", 1): "allow",
+        ("mcp.pay.refund", "ord_1001", 5000): "allow",
+        ("mcp.pay.refund", "ord_1001", 5001): "approve",
+        ("mcp.pay.refund", "ord_1001", 0): "deny",
+        ("mcp.pay.unknown", "ord_1001", None): "deny",
+    }
+    for (action, order_id, amount), decision in decisions.items():
+        arguments: dict[str, Any] = {"order_id": order_id}
+        if amount is not None:
+            arguments["amount_cents"] = amount
+        assert str(policy.evaluate(Action(action, arguments, agent)).decision) == decision, (action, amount)
+    assert policy.effect_template("mcp.pay.refund") == "refund:{order_id}"
+    assert policy.effect_template("mcp.pay.lookup") is None

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from mcp.server.stdio import stdio_server
 from mcp.server.mcpserver import Context, Elicit, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
 from pydantic import BaseModel
 
 UPSTREAM_NAME = "ctrlrun-test-upstream"
@@ -54,10 +54,13 @@ def record(counter: Path, tool: str, ctx: Context, **extra: Any) -> None:
         "protocol": ctx.protocol_version,
         **extra,
     }
-    with counter.open("a", encoding="utf-8") as out:
-        out.write(canonical(line) + "\n")
-        out.flush()
-        os.fsync(out.fileno())
+    # One O_APPEND write per line: upstreams in several processes may share one counter file.
+    fd = os.open(counter, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, (canonical(line) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Confirmation(BaseModel):
@@ -75,15 +78,15 @@ def build_server(counter: Path, ran: Ran | None = None) -> MCPServer:
     """The upstream server; ``ran(ctx)`` is called after each counted execution (misbehaviour hook)."""
     server = MCPServer(UPSTREAM_NAME, version="1.0")
 
-    def executed(ctx: Context) -> None:
+    def executed(tool: str, ctx: Context, **extra: Any) -> None:
+        record(counter, tool, ctx, **extra)
         if ran is not None:
             ran(ctx)
 
     @server.tool()
     def refund(order_id: str, amount_cents: int, ctx: Context, currency: str = "EUR") -> dict[str, Any]:
         """Refund an order (counted)."""
-        record(counter, "refund", ctx)
-        executed(ctx)
+        executed("refund", ctx)
         return {"refund_id": f"re_{order_id}", "order_id": order_id, "amount_cents": amount_cents,
                 "currency": currency}  # fmt: skip
 
@@ -95,8 +98,7 @@ def build_server(counter: Path, ran: Ran | None = None) -> MCPServer:
     @server.tool()
     def boom(ctx: Context) -> str:
         """Count the execution, then fail (an ``isError`` result)."""
-        record(counter, "boom", ctx)
-        executed(ctx)
+        executed("boom", ctx)
         raise ToolError("boom: the tool ran and failed")
 
     @server.tool()
@@ -107,8 +109,7 @@ def build_server(counter: Path, ran: Ran | None = None) -> MCPServer:
     ) -> str:
         """Ask the user to confirm (elicitation, or input_required on 2026-07-28), then act (counted)."""
         confirmed = answer.action == "accept" and answer.data.confirm
-        record(counter, "confirm_delete", ctx, answer=answer.action, confirmed=confirmed)
-        executed(ctx)
+        executed("confirm_delete", ctx, answer=answer.action, confirmed=confirmed)
         return f"deleted {path}" if confirmed else f"kept {path}"
 
     @server.resource("orders://{order_id}")
