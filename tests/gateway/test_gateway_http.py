@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from .._cli_helpers import invoke
-from .conftest import MODES, UPSTREAM_SCRIPT, Counter, Mode, connect
+from .conftest import MODES, UPSTREAM_SCRIPT, Counter, Mode, confirming, connect
 from .e2e import FLAGGED, SRC, Site, error_of
 
 RECEIPT = "com.ctrlrun/receipt"
@@ -115,12 +115,15 @@ def test_transparency_approval_and_the_principal_header(mode: Mode, site: Site, 
     big = {"order_id": "77", "amount_cents": 9000}
 
     async def session() -> None:
-        async with connect("http", mode, served.url, headers={"X-Agent": "agent-1", "X-User": "alice"}) as client:
+        async with connect("http", mode, served.url, headers={"X-Agent": "agent-1", "X-User": "alice"},
+                           elicitation_callback=confirming()) as client:  # fmt: skip
             names = {tool.name for tool in (await client.list_tools()).tools}
             assert names == {"refund", "lookup", "boom", "confirm_delete"}
             result = await client.call_tool("refund", {"order_id": "42", "amount_cents": 1250})
             assert result.meta[RECEIPT]["result"] == "committed"
             assert (await client.read_resource("orders://42")).contents
+            deleted = await client.call_tool("confirm_delete", {"path": "/tmp/x"})  # elicitation, or input_required
+            assert not deleted.is_error and deleted.meta[RECEIPT]["result"] == "committed"
             first = await refused(client, "refund", big)
             assert first.code == -41002
             assert invoke(["approve", first.data["request_id"], "--store-url", site.store_url]).code == 0
@@ -129,6 +132,7 @@ def test_transparency_approval_and_the_principal_header(mode: Mode, site: Site, 
 
     anyio.run(session)
     assert [e["arguments"]["order_id"] for e in counter.executions("refund")] == ["42", "77"]
+    assert [e["confirmed"] for e in counter.executions("confirm_delete")] == [True]
     (line, _) = counter.executions("refund")
     assert line["received"] == '{"amount_cents":1250,"order_id":"42"}' and line["token"]
     principals = {(r.principal["agent"] if isinstance(r.principal, dict) else r.principal.agent) for r in site.receipts()}
@@ -163,7 +167,7 @@ def test_never_connected_is_failed_and_the_retry_runs(site: Site, counter: Count
     served = gateway(site.http_gateway(f"http://127.0.0.1:{port}/mcp", "--principal", "agent-1"))
     first = _answer(raw_call(served.url, 1, "refund", {"order_id": "6", "amount_cents": 100}))
     assert first["error"]["code"] == -41011, first
-    upstream = subprocess.Popen([sys.executable, str(UPSTREAM_SCRIPT), "--counter", str(counter), "--transport", "http",
+    upstream = subprocess.Popen([sys.executable, str(UPSTREAM_SCRIPT), "--counter", str(counter.path), "--transport", "http",
                                  "--port", str(port)], stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert upstream.stdout is not None and "listening on" in upstream.stdout.readline()
