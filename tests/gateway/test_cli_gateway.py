@@ -81,3 +81,22 @@ def test_a_malformed_value_is_a_usage_error(workdir: Path, policy: Path) -> None
     result = invoke(["gateway", "--alias", "pay", "--principal", "a", "--upstream-timeout", "-1", "--policy", str(policy),
                      "--", *_child(workdir)])  # fmt: skip
     assert result.code == 2
+
+
+def test_the_startup_block_names_what_the_gateway_serves(tmp_path: Path) -> None:
+    from ctrlrun import Control, InMemoryStateStore, Policy
+    from ctrlrun.gateway import Gateway, GatewayConfig
+
+    observe = POLICY.replace("schema: ctrlrun.policy/v2", "schema: ctrlrun.policy/v3\nmode: observe")
+    control = Control(Policy.from_yaml(observe), InMemoryStateStore())
+    stdio = Gateway(GatewayConfig(alias="pay", command=("python", "server.py"), principal=("agent-1", None)), control)
+    block = stdio.startup_block()
+    assert block.startswith("OBSERVE MODE — nothing is enforced\n")
+    assert "mode:        stdio" in block and "python server.py" in block
+    assert "principal:   agent-1 (configured)" in block
+    assert "no effect key: mcp.pay.lookup" in block and "mcp.pay.refund (" not in block
+    http = Gateway(GatewayConfig(alias="pay", upstream_url="http://127.0.0.1:9/mcp", listen=("127.0.0.1", 0),
+                                 principal_header="X-Agent"), control)  # fmt: skip
+    block = http.startup_block(("127.0.0.1", 54321))
+    assert "listening on http://127.0.0.1:54321/mcp" in block
+    assert "from header X-Agent" in block and "overwrite the header" in block

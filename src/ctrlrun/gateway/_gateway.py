@@ -45,9 +45,10 @@ class Gateway:
         """What the gateway says on stderr once serving."""
         config, control = self.config, self.control
         policy = control.policy
-        lines = ["ctrlrun gateway"]
+        lines = []
         if control.policy.mode == "observe":
-            lines.append("  OBSERVE MODE: nothing is enforced; every refusal is only recorded")
+            lines.append("OBSERVE MODE — nothing is enforced")
+        lines.append("ctrlrun gateway")
         if config.mode == "http":
             host, port = listening if listening is not None else (config.listen or ("?", 0))
             shown = f"[{host}]" if ":" in host else host
