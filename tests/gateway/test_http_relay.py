@@ -585,3 +585,38 @@ def test_logs_escape_control_characters_in_what_the_client_sent(upstream: FakeUp
     text = gw.log.getvalue()
     assert "evil\\x1b[2J\\u202e\\u2028name" in text
     assert not any(char in text for char in "\x1b\u202e\u2028")
+
+
+# -- answers outside their request's stream, and closing ----------------------------------------
+
+
+def test_answers_on_a_get_stream_are_routed_by_the_remembered_method_and_a_calls_is_dropped(upstream: FakeUpstream, gateway_for: Any) -> None:
+    gw = gateway_for(upstream.url)
+    upstream.script(raw(202, b"", None), with_id(lambda i: result_for({"id": i}, {"content": []})))
+    session = [("Mcp-Session-Id", "s-1")]
+    gw.post({"jsonrpc": "2.0", "id": 20, "method": "tools/list"}, session)  # answered (202) on no stream
+    gw.post(call(21), [*AGENT, *session])
+    late_list = {"jsonrpc": "2.0", "id": 20, "result": {"tools": []}}
+    late_call = {"jsonrpc": "2.0", "id": 21, "result": {"content": [{"type": "text", "text": "again"}]}}
+    upstream.script(sse(event(late_call, "r-1"), event(late_list, "r-2")))
+    status, headers, body = gw.post(None, session, method="GET")
+    assert status == 200
+    assert [(e["id"], json.loads(e["data"])) for e in parse_events(body)] == [("r-2", late_list)]
+    assert ("tools/list", late_list) in gw.catalog.results
+
+
+def test_close_ends_open_streams_and_returns(upstream: FakeUpstream, gateway_for: Any) -> None:
+    gw = gateway_for(upstream.url)
+    release = threading.Event()
+    upstream.script(sse(event(PROGRESS, "g-1"), release))
+    conn = gw.send(None, [("Mcp-Session-Id", "s-1")], method="GET")
+    response = conn.getresponse()
+    assert next_event(response) is not None
+    gw.listening.close()  # returns although the upstream still holds the stream open
+    try:
+        while response.read(1):
+            pass
+    except (OSError, http.client.HTTPException):
+        pass  # cut off or ended: either way the stream is over
+    conn.close()
+    release.set()

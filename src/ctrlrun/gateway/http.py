@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+import sys
 import threading
 import unicodedata
 from collections import OrderedDict
@@ -90,6 +91,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = False
     block_on_close = True  # server_close joins the handlers (after close() aborted their I/O)
     gateway: _Gateway
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that resets its connection is routine; anything else is logged (escaped)."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, (ConnectionError, TimeoutError)):
+            self.gateway.log(f"a connection from {client_address[0]} failed: {type(error).__name__}: {error}")
 
 
 class _Server6(_Server):
@@ -548,12 +555,12 @@ class _Gateway:
                 self._remember((session, ident), message["method"])
         exchange = self.upstream.open()
         self._track(exchange, True)
-        watch = _Watch(h.connection, exchange.abort)
+        watch = _Watch(h.connection, lambda: _left(out, exchange))
         try:
             what = asked or (message.get("method") if message is not None else None) or method
             try:
                 body = wire.dumps(message) if message is not None else None
-                response = exchange.send(exchange.build(method, httpheaders.forwarded(h.headers, method, self.config), body, idle=method == "GET"))
+                response = exchange.send(exchange.build(method, httpheaders.forwarded(h.headers, method, self.config), body, idle=method == "GET" or asked == "subscriptions/listen"))
             except Exception as exc:
                 self.log(f"the upstream failed a relayed {what}: {type(exc).__name__}: {exc}")
                 out.plain(502)
@@ -598,7 +605,7 @@ class _Gateway:
         out.stream(kept)
         try:
             for event in read_events(response.iter_bytes()):
-                data = event.data
+                data, message = event.data, None
                 if data:
                     message = self._inbound(wire.parse_message(data), session, ident, asked)
                     if message is None:
@@ -606,7 +613,11 @@ class _Gateway:
                     data = wire.dumps(message).decode("utf-8")
                 if not out.event(format_event(event, data)):
                     return
+                if message is not None and ident is not None and _answers(message, ident):
+                    break  # the request's own stream ends with its answer
         except Exception as exc:
+            if out.gone:
+                return  # the client left, and its upstream stream was shut
             self.log(f"the upstream's event stream for a relayed {what} broke off: {type(exc).__name__}: {exc}")
         out.end()
 
@@ -619,7 +630,7 @@ class _Gateway:
         if kind != "response":
             return message
         got = message.get("id")
-        if ident is not None and type(got) is type(ident) and got == ident:
+        if ident is not None and _answers(message, ident):
             return self.catalog.relay_result(asked, message)
         with self._lock:
             method = self._methods.get((session, got))
@@ -652,6 +663,16 @@ def _read_chunked(h: _Handler, limit: int) -> bytes | None:
         if len(chunk) < size or h.rfile.readline(3) not in (b"\r\n", b"\n"):
             raise ValueError("a chunk ended early")
         body += chunk
+
+
+def _left(out: _Out, exchange: Exchange) -> None:
+    out.gone = True
+    exchange.abort()
+
+
+def _answers(message: dict[str, Any], ident: Any) -> bool:
+    got = message.get("id")
+    return wire.kind(message) == "response" and type(got) is type(ident) and got == ident
 
 
 def _kept(response: httpx2.Response | None) -> list[tuple[str, str]]:
