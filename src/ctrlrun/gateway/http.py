@@ -7,13 +7,12 @@ size), then strictly parsed; the upstream only ever gets the gateway's own seria
 
 from __future__ import annotations
 
-import selectors
 import socket
 import sys
 import threading
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, TextIO
@@ -21,7 +20,8 @@ from urllib.parse import urlsplit
 
 from ..action import Principal
 from ..errors import InvalidArgument, MissingDependency, UsageError
-from . import httpheaders, wire
+from . import httpinbound, wire
+from .httpinbound import Out, Watch, read_chunked
 from .config import GatewayConfig
 from .intercept import Interceptor
 from .outcome import Cancelled, NeverConnected, Observation
@@ -143,119 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.gateway.log(f"HTTP error from {self.client_address[0]}: {format % args}")
 
 
-class _Out:
-    """The answer to one client request: a body with its length, or a chunked SSE stream."""
-
-    def __init__(self, handler: _Handler) -> None:
-        self._h = handler
-        self._lock = threading.Lock()
-        self.started = False
-        self.streaming = False
-        self.gone = False
-
-    def plain(self, status: int, headers: Iterable[tuple[str, str]] = (), body: bytes = b"",
-              content_type: str | None = None, *, close: bool = False) -> None:  # fmt: skip
-        """A whole answer (``close``: the connection ends after it, its body was not read)."""
-        with self._lock:
-            if self.started or self.gone:
-                return
-            self.started = True
-            extra = [("Content-Type", content_type)] if content_type else []
-            extra.append(("Content-Length", str(len(body))))
-            if close:
-                extra.append(("Connection", "close"))
-                self._h.close_connection = True
-            self._write(status, [*headers, *extra], body)
-
-    def json(self, status: int, message: dict[str, Any], headers: Iterable[tuple[str, str]] = ()) -> None:
-        self.plain(status, headers, wire.dumps(message), "application/json")
-
-    def stream(self, headers: Iterable[tuple[str, str]]) -> None:
-        """Start a 200 SSE answer (nothing if an answer was started already)."""
-        with self._lock:
-            if self.started or self.gone:
-                return
-            self.started = self.streaming = True
-            sse = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("Transfer-Encoding", "chunked")]
-            self._write(200, [*headers, *sse], b"")
-
-    def event(self, data: bytes) -> bool:
-        """Send one SSE event; ``False`` when the client is gone."""
-        with self._lock:
-            if self.gone or not self.streaming:
-                return False
-            self._send(b"%x\r\n%s\r\n" % (len(data), data))
-            return not self.gone
-
-    def end(self) -> None:
-        """End the answer cleanly: close the stream, or send an empty one if nothing started."""
-        if not self.started:
-            self.stream(())
-        with self._lock:
-            if self.streaming and not self.gone:
-                self._send(b"0\r\n\r\n")
-            self.streaming = False
-
-    def _write(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-        try:
-            self._h.send_response(status)
-            for name, value in headers:
-                self._h.send_header(name, value)
-            self._h.end_headers()
-        except OSError:
-            self._lost()
-            return
-        if body:
-            self._send(body)
-
-    def _send(self, data: bytes) -> None:
-        try:
-            self._h.wfile.write(data)
-            self._h.wfile.flush()
-        except OSError:
-            self._lost()
-
-    def _lost(self) -> None:
-        self.gone = True
-        self._h.close_connection = True
-
-
-class _Watch:
-    """Calls ``gone`` once if the client closes its connection while its request is served."""
-
-    def __init__(self, sock: socket.socket, gone: Callable[[], None]) -> None:
-        self._sock = sock
-        self._gone = gone
-        self._wake, self._waker = socket.socketpair()
-        self._thread = threading.Thread(target=self._run, name="ctrlrun-gateway-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            try:
-                selector.register(self._sock, selectors.EVENT_READ)
-                selector.register(self._wake, selectors.EVENT_READ)
-                ready = {key.fileobj for key, _ in selector.select()}
-                if self._wake in ready or self._sock.recv(1, socket.MSG_PEEK):
-                    return  # stopped, or the client sent more (not a close)
-            except (OSError, ValueError):
-                pass
-        self._gone()
-
-    def stop(self) -> None:
-        try:
-            self._waker.send(b"x")
-        except OSError:
-            pass
-        self._thread.join()
-        self._wake.close()
-        self._waker.close()
-
-
 class _Call:
     """One intercepted ``tools/call`` and the client request it answers."""
 
-    def __init__(self, gateway: _Gateway, out: _Out) -> None:
+    def __init__(self, gateway: _Gateway, out: Out) -> None:
         self._gateway = gateway
         self.out = out
         self.lock = threading.Lock()
@@ -383,7 +274,7 @@ class _Gateway:
                 raise _Refused(404, f"path {h.path!r} is not served (the endpoint is /mcp)")
         except _Refused as refused:
             self.log(f"refused {h.command} from {h.client_address[0]}: {refused}")
-            _Out(h).plain(refused.status, close=True)
+            Out(h).plain(refused.status, close=True)
             return False
         h.admitted = True
         return True
@@ -395,13 +286,13 @@ class _Gateway:
         length = h.headers.get("Content-Length", "").strip()
         if length.isdigit() and int(length) > self.config.max_message_bytes:
             self.log(f"refused a {length}-byte message from {h.client_address[0]} (--max-message-bytes)")
-            _Out(h).plain(413, close=True)
+            Out(h).plain(413, close=True)
             return False
         h.send_response_only(100)
         h.end_headers()
         return True
 
-    def _body(self, h: _Handler, out: _Out) -> bytes | None:
+    def _body(self, h: _Handler, out: Out) -> bytes | None:
         limit = self.config.max_message_bytes
         lengths = h.headers.get_all("Content-Length") or []
         chunked = h.headers.get_all("Transfer-Encoding") or []
@@ -409,7 +300,7 @@ class _Gateway:
             if chunked:
                 if lengths or [value.strip().lower() for value in chunked] != ["chunked"]:
                     raise ValueError("unsupported Transfer-Encoding")
-                body = _read_chunked(h, limit)
+                body = read_chunked(h.rfile, limit)
             else:
                 if len(set(lengths)) != 1 or not lengths[0].strip().isdigit():
                     raise _Refused(411 if not lengths else 400, "a POST needs one Content-Length")
@@ -432,7 +323,7 @@ class _Gateway:
     # -- requests ------------------------------------------------------------------------------
 
     def handle(self, h: _Handler, method: str) -> None:
-        out = _Out(h)
+        out = Out(h)
         try:
             if not self._admit(h):
                 return
@@ -444,7 +335,7 @@ class _Gateway:
                 message = wire.parse_message(body)
             elif h.headers.get("Content-Length", "0").strip() not in ("", "0") or h.headers.get("Transfer-Encoding"):
                 h.close_connection = True  # a GET or DELETE body is not read
-            revision = httpheaders.check(h.headers, message, self.catalog.schema)
+            revision = httpinbound.check(h.headers, message, self.catalog.schema)
             if message is not None and wire.kind(message) == "request" and message["method"] == "tools/call":
                 self._call(h, out, message, revision)
             else:
@@ -459,8 +350,8 @@ class _Gateway:
 
     # -- tools/call ----------------------------------------------------------------------------
 
-    def _call(self, h: _Handler, out: _Out, message: dict[str, Any], revision: str) -> None:
-        key = (httpheaders.one(h.headers, "Mcp-Session-Id"), message["id"])
+    def _call(self, h: _Handler, out: Out, message: dict[str, Any], revision: str) -> None:
+        key = (httpinbound.one(h.headers, "Mcp-Session-Id"), message["id"])
         call = _Call(self, out)
         with self._lock:
             busy = key in self._calls
@@ -470,9 +361,9 @@ class _Gateway:
             raise wire.WireError(wire.INVALID_REQUEST, "Invalid Request: a tools/call with this id is in flight; use a new id",
                                  id=message["id"])  # fmt: skip
         self._remember(key, "tools/call")
-        principal = httpheaders.principal(h.headers, self.config)
-        headers = httpheaders.forwarded(h.headers, "POST", self.config)
-        watch = _Watch(h.connection, lambda: call.cancel("the client closed its connection"))
+        principal = httpinbound.principal(h.headers, self.config)
+        headers = httpinbound.forwarded(h.headers, "POST", self.config)
+        watch = Watch(h.connection, lambda: call.cancel("the client closed its connection"))
         worker = threading.Thread(target=self._run_call, args=(call, message, principal, revision, headers),
                                   name="ctrlrun-gateway-call", daemon=True)  # fmt: skip
         worker.start()
@@ -542,8 +433,8 @@ class _Gateway:
 
     # -- everything else -----------------------------------------------------------------------
 
-    def _relay(self, h: _Handler, out: _Out, method: str, message: dict[str, Any] | None) -> None:
-        session = httpheaders.one(h.headers, "Mcp-Session-Id")
+    def _relay(self, h: _Handler, out: Out, method: str, message: dict[str, Any] | None) -> None:
+        session = httpinbound.one(h.headers, "Mcp-Session-Id")
         ident: Any = None
         asked: str | None = None
         if message is not None:
@@ -555,12 +446,12 @@ class _Gateway:
                 self._remember((session, ident), message["method"])
         exchange = self.upstream.open()
         self._track(exchange, True)
-        watch = _Watch(h.connection, lambda: _left(out, exchange))
+        watch = Watch(h.connection, lambda: _left(out, exchange))
         try:
             what = asked or (message.get("method") if message is not None else None) or method
             try:
                 body = wire.dumps(message) if message is not None else None
-                response = exchange.send(exchange.build(method, httpheaders.forwarded(h.headers, method, self.config), body, idle=method == "GET" or asked == "subscriptions/listen"))
+                response = exchange.send(exchange.build(method, httpinbound.forwarded(h.headers, method, self.config), body, idle=method == "GET" or asked == "subscriptions/listen"))
             except Exception as exc:
                 self.log(f"the upstream failed a relayed {what}: {type(exc).__name__}: {exc}")
                 out.plain(502)
@@ -574,7 +465,7 @@ class _Gateway:
             self._track(exchange, False)
             exchange.close()
 
-    def _answer(self, out: _Out, response: httpx2.Response, session: str | None, ident: Any, asked: str | None, what: str) -> None:
+    def _answer(self, out: Out, response: httpx2.Response, session: str | None, ident: Any, asked: str | None, what: str) -> None:
         status, kept = response.status_code, _kept(response)
         if status == 401 or (status == 403 and "www-authenticate" in response.headers):
             self.log(f"the upstream answered a relayed {what} with HTTP {status} and a challenge; not relayed "
@@ -600,7 +491,7 @@ class _Gateway:
             return
         out.json(status, relayed, kept)
 
-    def _stream(self, out: _Out, response: httpx2.Response, kept: list[tuple[str, str]], session: str | None,
+    def _stream(self, out: Out, response: httpx2.Response, kept: list[tuple[str, str]], session: str | None,
                 ident: Any, asked: str | None, what: str) -> None:  # fmt: skip
         out.stream(kept)
         try:
@@ -643,29 +534,7 @@ class _Gateway:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _read_chunked(h: _Handler, limit: int) -> bytes | None:
-    """A chunked body, ``None`` once it passes ``limit``; ``ValueError`` when malformed."""
-    body = bytearray()
-    while True:
-        line = h.rfile.readline(1024)
-        if not line.endswith(b"\n"):
-            raise ValueError("a chunk size line is malformed")
-        size = int(line.split(b";")[0].strip(), 16)
-        if size < 0:
-            raise ValueError("a chunk size is negative")
-        if size == 0:
-            while h.rfile.readline(8192) not in (b"\r\n", b"\n", b""):
-                pass
-            return bytes(body)
-        if len(body) + size > limit:
-            return None
-        chunk = h.rfile.read(size)
-        if len(chunk) < size or h.rfile.readline(3) not in (b"\r\n", b"\n"):
-            raise ValueError("a chunk ended early")
-        body += chunk
-
-
-def _left(out: _Out, exchange: Exchange) -> None:
+def _left(out: Out, exchange: Exchange) -> None:
     out.gone = True
     exchange.abort()
 

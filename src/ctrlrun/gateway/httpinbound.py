@@ -1,15 +1,21 @@
-"""What a client's HTTP request headers say, checked against its body: the revision, the
-mirrored ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers, the identity headers, and which
-headers go upstream. Pure functions; decisions always come from the body.
+"""The client's side of one HTTP exchange: what its request headers say, checked against the
+body (revision, mirrored ``Mcp-*`` headers, identity), which go upstream, reading a chunked
+body, writing the answer (JSON or SSE), and noticing the client leave. Decisions always come
+from the body.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import io
 import re
-from collections.abc import Callable
+import selectors
+import socket
+import threading
+from collections.abc import Callable, Iterable
 from email.message import Message
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from ..action import Principal
@@ -17,7 +23,7 @@ from ..errors import InvalidArgument
 from . import wire
 from .config import GatewayConfig
 
-__all__ = ["DEFAULT_REVISION", "NAME_PARAMS", "check", "forwarded", "one", "principal"]
+__all__ = ["DEFAULT_REVISION", "NAME_PARAMS", "Out", "Watch", "check", "forwarded", "one", "principal", "read_chunked"]
 
 #: The revision of a request that sends no ``MCP-Protocol-Version`` header.
 DEFAULT_REVISION = "2025-03-26"
@@ -232,3 +238,134 @@ def _matches(kind: str, value: Any, rendered: str, decoded: str) -> bool:
         whole, _, fraction = decoded.partition(".")
         return not fraction.strip("0") and int(whole) == int(value)
     return decoded == rendered
+
+
+def read_chunked(rfile: io.BufferedIOBase, limit: int) -> bytes | None:
+    """A chunked body, ``None`` once it passes ``limit``; ``ValueError`` when malformed."""
+    body = bytearray()
+    while True:
+        line = rfile.readline(1024)
+        if not line.endswith(b"\n"):
+            raise ValueError("a chunk size line is malformed")
+        size = int(line.split(b";")[0].strip(), 16)
+        if size < 0:
+            raise ValueError("a chunk size is negative")
+        if size == 0:
+            while rfile.readline(8192) not in (b"\r\n", b"\n", b""):
+                pass
+            return bytes(body)
+        if len(body) + size > limit:
+            return None
+        chunk = rfile.read(size)
+        if len(chunk) < size or rfile.readline(3) not in (b"\r\n", b"\n"):
+            raise ValueError("a chunk ended early")
+        body += chunk
+
+
+class Out:
+    """The answer to one client request: a body with its length, or a chunked SSE stream."""
+
+    def __init__(self, handler: BaseHTTPRequestHandler) -> None:
+        self._h = handler
+        self._lock = threading.Lock()
+        self.started = False
+        self.streaming = False
+        self.gone = False
+
+    def plain(self, status: int, headers: Iterable[tuple[str, str]] = (), body: bytes = b"",
+              content_type: str | None = None, *, close: bool = False) -> None:  # fmt: skip
+        """A whole answer (``close``: the connection ends after it, its body was not read)."""
+        with self._lock:
+            if self.started or self.gone:
+                return
+            self.started = True
+            extra = [("Content-Type", content_type)] if content_type else []
+            extra.append(("Content-Length", str(len(body))))
+            if close:
+                extra.append(("Connection", "close"))
+                self._h.close_connection = True
+            self._write(status, [*headers, *extra], body)
+
+    def json(self, status: int, message: dict[str, Any], headers: Iterable[tuple[str, str]] = ()) -> None:
+        self.plain(status, headers, wire.dumps(message), "application/json")
+
+    def stream(self, headers: Iterable[tuple[str, str]]) -> None:
+        """Start a 200 SSE answer (nothing if an answer was started already)."""
+        with self._lock:
+            if self.started or self.gone:
+                return
+            self.started = self.streaming = True
+            sse = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"), ("Transfer-Encoding", "chunked")]
+            self._write(200, [*headers, *sse], b"")
+
+    def event(self, data: bytes) -> bool:
+        """Send one SSE event; ``False`` when the client is gone."""
+        with self._lock:
+            if self.gone or not self.streaming:
+                return False
+            self._send(b"%x\r\n%s\r\n" % (len(data), data))
+            return not self.gone
+
+    def end(self) -> None:
+        """End the answer cleanly: close the stream, or send an empty one if nothing started."""
+        if not self.started:
+            self.stream(())
+        with self._lock:
+            if self.streaming and not self.gone:
+                self._send(b"0\r\n\r\n")
+            self.streaming = False
+
+    def _write(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        try:
+            self._h.send_response(status)
+            for name, value in headers:
+                self._h.send_header(name, value)
+            self._h.end_headers()
+        except OSError:
+            self._lost()
+            return
+        if body:
+            self._send(body)
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._h.wfile.write(data)
+            self._h.wfile.flush()
+        except OSError:
+            self._lost()
+
+    def _lost(self) -> None:
+        self.gone = True
+        self._h.close_connection = True
+
+
+class Watch:
+    """Calls ``gone`` once if the client closes its connection while its request is served."""
+
+    def __init__(self, sock: socket.socket, gone: Callable[[], None]) -> None:
+        self._sock = sock
+        self._gone = gone
+        self._wake, self._waker = socket.socketpair()
+        self._thread = threading.Thread(target=self._run, name="ctrlrun-gateway-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            try:
+                selector.register(self._sock, selectors.EVENT_READ)
+                selector.register(self._wake, selectors.EVENT_READ)
+                ready = {key.fileobj for key, _ in selector.select()}
+                if self._wake in ready or self._sock.recv(1, socket.MSG_PEEK):
+                    return  # stopped, or the client sent more (not a close)
+            except (OSError, ValueError):
+                pass
+        self._gone()
+
+    def stop(self) -> None:
+        try:
+            self._waker.send(b"x")
+        except OSError:
+            pass
+        self._thread.join()
+        self._wake.close()
+        self._waker.close()
