@@ -32,9 +32,7 @@ try:
 
     from .httpupstream import Event, Exchange, Unreadable, Upstream, forward_call, format_event, media_type, read_body, read_events
 except ImportError as missing:  # pragma: no cover - the extra is part of the dev install
-    raise MissingDependency(
-        f"the http gateway needs {missing.name or 'httpx2'}: pip install 'ctrlrun[mcp]'", module=missing.name or "httpx2", extra="mcp"
-    ) from missing
+    raise MissingDependency(module=missing.name or "httpx2", extra="mcp") from missing
 
 __all__ = ["ListenError", "Listening", "serve_http"]
 
