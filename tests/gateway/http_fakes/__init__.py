@@ -1,0 +1,1 @@
+"""Fakes for the streamable-HTTP relay's tests: a scripted upstream, an interceptor, a catalog."""
