@@ -55,10 +55,14 @@ def _loopback(host: str) -> bool:
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="HOST", help="http: another Host header to accept.")
 @click.option("--upstream-header", "upstream_headers", multiple=True, metavar="NAME=ENVVAR", help="http: send this header upstream, its value read from ENVVAR.")
 @click.option("--upstream-ca-file", metavar="PATH", type=click.Path(dir_okay=False), help="http: CA bundle for an https upstream.")
-@click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, metavar="S")
-@click.option("--input-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, metavar="S")
-@click.option("--max-input-rounds", type=click.IntRange(min=1), default=8, show_default=True, metavar="N")
-@click.option("--max-message-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True, metavar="N")
+@click.option("--upstream-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, metavar="S",
+              help="How long to wait for the upstream's answer to a tools/call (then: ambiguous).")
+@click.option("--input-timeout", type=click.FloatRange(min=0, min_open=True), default=120.0, show_default=True, metavar="S",
+              help="How long a call that asked for input waits for its continuation (then: ambiguous).")
+@click.option("--max-input-rounds", type=click.IntRange(min=1), default=8, show_default=True, metavar="N",
+              help="How many times one call may ask for input.")
+@click.option("--max-message-bytes", type=click.IntRange(min=1), default=1024 * 1024, show_default=True, metavar="N",
+              help="http: the largest request body accepted (larger: 413).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def gateway(**options: Any) -> None:
     """Run every tools/call of one MCP server through ctrlrun.
