@@ -67,7 +67,7 @@ def test_enums_and_event_types():
     assert [r.value for r in ReceiptResult] == [
         "committed", "failed", "ambiguous", "denied", "blocked", "observed",
     ]  # fmt: skip
-    assert len(EventType) == 27
+    assert len(EventType) == 28
 
 
 def test_extra_key_is_kept_and_changes_the_hash():

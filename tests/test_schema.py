@@ -215,6 +215,40 @@ OLD_0003_POSTGRESQL = (
     "CREATE INDEX budget_ledger_window ON {s}.budget_ledger (grant_id, metric, consumed_at)",
 )
 
+OLD_0004_SQLITE = (
+    """CREATE TABLE notifications (
+        delivery_id TEXT PRIMARY KEY,
+        subject_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        target TEXT NOT NULL,
+        body TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_status TEXT,
+        last_attempt_at TEXT,
+        next_attempt_at TEXT,
+        delivered_at TEXT,
+        CONSTRAINT notifications_claim UNIQUE (subject_id, kind, target))""",
+    "CREATE INDEX notifications_due ON notifications (next_attempt_at)",
+)
+
+OLD_0004_POSTGRESQL = (
+    f"""CREATE TABLE {{s}}.notifications (
+        delivery_id {_C} PRIMARY KEY,
+        subject_id {_C} NOT NULL,
+        kind {_C} NOT NULL,
+        target {_C} NOT NULL,
+        body TEXT NOT NULL,
+        created_at {_C} NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_status TEXT,
+        last_attempt_at {_C},
+        next_attempt_at {_C},
+        delivered_at {_C},
+        CONSTRAINT notifications_claim UNIQUE (subject_id, kind, target))""",
+    "CREATE INDEX notifications_due ON {s}.notifications (next_attempt_at)",
+)
+
 OLD_MIGRATIONS = {
     "sqlite": {
         "0001_initial": OLD_0001_SQLITE,
@@ -223,6 +257,7 @@ OLD_MIGRATIONS = {
             "ALTER TABLE approvals ADD COLUMN edited_action_hash TEXT",
         ),
         "0003_authority": OLD_0003_SQLITE,
+        "0004_notifications": OLD_0004_SQLITE,
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -231,6 +266,7 @@ OLD_MIGRATIONS = {
             f"ALTER TABLE {{s}}.approvals ADD COLUMN edited_action_hash {_C}",
         ),
         "0003_authority": OLD_0003_POSTGRESQL,
+        "0004_notifications": OLD_0004_POSTGRESQL,
     },
 }
 OLD_STAMP = ("2026-11-01T09:00:00.000000Z", "0.1.0")
@@ -266,7 +302,9 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
     assert tables == Counter(t.name for t in data)
     assert columns == Counter((t.name, c.name) for t in data for c in t.c)
     assert indexes == Counter(i.name for t in data for i in t.indexes)
-    assert MIGRATIONS == ("0001_initial", "0002_approval_edits", "0003_authority")
+    assert MIGRATIONS == (
+        "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
+    )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))
     # no hand-written DDL left beside the MetaData
@@ -411,6 +449,20 @@ def test_sqlite_0002_store_upgraded_by_the_generated_0003_works(tmp_path, clock)
     assert sqlite_catalog(old).keys() == sqlite_catalog(new).keys()
     for table in ("delegations", "budget_ledger"):
         assert sqlite_catalog(old)[table] == sqlite_catalog(new)[table]
+
+
+def test_sqlite_0003_store_upgraded_by_the_generated_0004_keeps_working(tmp_path, clock):
+    old, new = tmp_path / "old.db", tmp_path / "new.db"
+    make_old_sqlite(old, MIGRATIONS[:3])
+    assert "notifications" not in sqlite_catalog(old)
+    store = SQLiteStateStore(old, clock=clock)  # applies 0004 from the MetaData
+    exercise(store, clock)
+    store.close()
+    SQLiteStateStore(new).close()
+    assert sqlite_catalog(old)["notifications"] == sqlite_catalog(new)["notifications"]
+    with sqlite3.connect(old) as conn:
+        rows = conn.execute("SELECT migration_id FROM schema_version").fetchall()
+    assert sorted(r[0] for r in rows)[-1] == "0004_notifications" == HEAD
 
 
 def test_sqlite_metadata_create_all_matches_the_migrations(tmp_path):
@@ -622,3 +674,19 @@ def test_postgres_0002_schema_upgraded_by_the_generated_0003_works(pg_url, two_p
     old_catalog, new_catalog = pg_catalog(pg_url, old), pg_catalog(pg_url, new)
     old_catalog.pop("seed"), new_catalog.pop("seed")
     assert old_catalog == new_catalog
+
+
+@pytest.mark.postgres
+def test_postgres_0003_schema_upgraded_by_the_generated_0004_works(pg_url, two_pg_schemas, clock):
+    from ctrlrun.postgres import PostgresStateStore
+
+    old, new = two_pg_schemas
+    pg_run(pg_url, *old_statements("postgresql", MIGRATIONS[:3], old))
+    store = PostgresStateStore(pg_url, schema=old, clock=clock)
+    exercise(store, clock)
+    store.close()
+    PostgresStateStore(pg_url, schema=new).close()
+    old_catalog, new_catalog = pg_catalog(pg_url, old), pg_catalog(pg_url, new)
+    old_catalog.pop("seed"), new_catalog.pop("seed")
+    assert old_catalog == new_catalog
+    assert any(r[0] == "notifications" for r in new_catalog["columns"])

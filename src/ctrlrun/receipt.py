@@ -81,6 +81,7 @@ class EventType(StrEnum):
     DELEGATION_REVOKED = "DELEGATION_REVOKED"
     DELEGATION_REJECTED = "DELEGATION_REJECTED"
     CLOCK_SKEW_DETECTED = "CLOCK_SKEW_DETECTED"
+    APPROVAL_ESCALATED = "APPROVAL_ESCALATED"
 
 
 _COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)

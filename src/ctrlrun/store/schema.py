@@ -55,6 +55,7 @@ __all__ = [
     "events",
     "metadata",
     "migration_sql",
+    "notifications",
     "read_schema",
     "receipt_chain",
     "receipts",
@@ -227,6 +228,27 @@ Index(
 )  # fmt: skip
 
 
+# One delivery claim per (subject, kind, target): the console's notifier inserts the row before
+# sending and keeps each attempt's result on it. next_attempt_at is NULL once nothing is due.
+notifications = Table(
+    "notifications",
+    metadata,
+    _key("delivery_id", _ID),
+    Column("subject_id", _ID, nullable=False),
+    Column("kind", _ID, nullable=False),
+    Column("target", _ID, nullable=False),
+    Column("body", _JSON, nullable=False),
+    Column("created_at", _ID, nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_status", Text),
+    Column("last_attempt_at", _ID),
+    Column("next_attempt_at", _ID),
+    Column("delivered_at", _ID),
+    UniqueConstraint("subject_id", "kind", "target", name="notifications_claim"),
+)
+Index("notifications_due", notifications.c.next_attempt_at)
+
+
 # --------------------------------------------------------------------------- migration steps
 
 
@@ -304,6 +326,10 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
                 CreateTable(budget_ledger),
                 _index(budget_ledger, "budget_ledger_window"),
             ),
+        ),
+        Migration(
+            "0004_notifications",
+            (CreateTable(notifications), _index(notifications, "notifications_due")),
         ),
     )
 )
