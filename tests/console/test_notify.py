@@ -275,6 +275,36 @@ def test_an_expired_or_answered_request_is_not_told(agents, receiver, notifiers,
     assert receiver.received == []
 
 
+def test_a_request_without_its_event_is_told_after_a_grace_with_no_effect_key(
+    agents, receiver, notifiers, clock
+):
+    from ctrlrun.action import Action, Principal
+    from ctrlrun.approvals import build_request
+
+    action = Action("deploy", {"env": "prod"}, Principal("ops-agent"), environment="staging")
+    request = build_request(action, timedelta(hours=1), clock())
+    agents.store.put_approval_request(request)  # no APPROVAL_REQUESTED event (yet)
+    notifier = notifiers(settings(receiver.url))
+    notifier.tick()
+    assert receiver.received == []
+    clock.advance(seconds=30)
+    notifier.tick()
+    (received,) = receiver.received
+    document = check_signed(received)
+    assert (document["request_id"], document["effect_key"], document["environment"]) == (
+        request.request_id, None, "staging")
+
+
+def test_a_request_answered_before_its_escalation_claim_is_not_escalated(agents, notifiers, clock):
+    request_id = agents.request()
+    rows = notifiers(settings(after=1, escalate="http://127.0.0.1:1/e")).rows
+    agents.store.grant_approval(request_id, "cli:local")
+    assert not rows.claim(delivery_id="dlv_" + "1" * 32, subject_id=request_id,
+                          kind="approval.escalated", target="http://127.0.0.1:1/e", body="{}",
+                          now=clock(), hold_until=clock(), while_pending=request_id)  # fmt: skip
+    assert rows.rows() == []
+
+
 # --------------------------------------------------------------------------- escalation
 
 
