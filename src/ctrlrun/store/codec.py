@@ -90,7 +90,7 @@ def effect_values(record: EffectRecord) -> tuple[Any, ...]:
     result = record.result
     return (
         _text(record.effect_key, "effect_key"),
-        record.state.value,
+        record.state._value_,  # .value, without the enum's property
         _text(record.action_id, "action_id"),
         record.attempt,
         None if record.lease_expires_at is None else format_precise(record.lease_expires_at),
@@ -107,7 +107,7 @@ def finished_values(record: EffectRecord) -> tuple[Any, ...]:
     updated_at."""
     result = record.result
     return (
-        record.state.value,
+        record.state._value_,  # .value, without the enum's property
         None if record.lease_expires_at is None else format_precise(record.lease_expires_at),
         None if result is None else dumps(result, "result"),
         None if record.error is None else _free_text(record.error, "error"),
