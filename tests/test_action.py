@@ -179,3 +179,47 @@ def test_vector_copies_match_the_specification(name):
     if not SHARED.is_dir():
         pytest.skip("the specification checkout is not beside this repository")
     assert (COPIES / name).read_bytes() == (SHARED / name).read_bytes()
+
+
+# --------------------------------------------------------------------------- encoder_of
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@pytest.mark.parametrize("ensure_ascii", [False, True])
+@pytest.mark.parametrize("sort_keys", [False, True])
+@given(value=_JSON_VALUES)
+def test_encoder_of_writes_what_the_encoder_writes(ensure_ascii, sort_keys, value):
+    import json
+
+    from ctrlrun.action import encoder_of
+
+    encoder = json.JSONEncoder(
+        sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=False
+    )
+    fast = encoder_of(encoder)
+    try:
+        expected: object = encoder.encode(value)
+    except ValueError as exc:
+        expected = str(exc)
+    try:
+        got: object = fast(value)
+    except ValueError as exc:
+        got = str(exc)
+    assert got == expected
+
+
+def test_encoder_of_still_refuses_a_circular_value():
+    import json
+
+    from ctrlrun.action import encoder_of
+
+    looped: list[object] = []
+    looped.append(looped)
+    with pytest.raises(ValueError, match="Circular"):
+        encoder_of(json.JSONEncoder())(looped)

@@ -90,14 +90,14 @@ class Straight:
             return GIVE_WAY, None  # the pipeline judges an expiring principal, authority, observing
         if action.name in self._ceilinged:
             return GIVE_WAY, None  # the pipeline counts attempts against the ceiling
-        evaluation = control.policy.evaluate(action)
+        evaluation = control._policy.evaluate(action)  # the attributes, not their read-only views
         if evaluation.decision is not Decision.ALLOW or _ambient.presented_approval() is not None:
             return GIVE_WAY, evaluation
         decided = self._decided.get((evaluation.reason, evaluation.controls))
         if decided is None:
             decided = _Decided(control, evaluation)
             self._decided[(evaluation.reason, evaluation.controls)] = decided
-        store, sinks, clock = control.store, control.sinks, control.clock
+        store, sinks, clock = control._store, control._sinks, control._clock
         action_id, action_hash = action.action_id, action.action_hash
         started_at = format_ts(clock())
         task, hop = options.task, options.hop

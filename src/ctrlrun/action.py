@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
@@ -241,6 +241,28 @@ _CANONICAL_JSON = json.JSONEncoder(
 )
 
 
+def encoder_of(encoder: json.JSONEncoder) -> Callable[[Any], str]:
+    """``encoder.encode`` without its Python layers: the C encoder it would build, built
+    directly, fresh per call (so a circular value is still refused). Same text, same errors;
+    ``encoder.encode`` itself where there is no C encoder or it would not use it."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None or encoder.indent is not None:
+        return encoder.encode
+    codec = json.encoder
+    quote = codec.encode_basestring_ascii if encoder.ensure_ascii else codec.encode_basestring
+    options = (encoder.key_separator, encoder.item_separator, encoder.sort_keys,
+               encoder.skipkeys, encoder.allow_nan)  # fmt: skip
+    default, circular, join = encoder.default, encoder.check_circular, "".join
+
+    def encode(value: Any) -> str:
+        return join(make({} if circular else None, default, quote, None, *options)(value, 0))
+
+    return encode
+
+
+_canonical_text = encoder_of(_CANONICAL_JSON)
+
+
 def _canonical_checked(obj: Any) -> bytes:
     check_value(obj, "value")
     return _CANONICAL_JSON.encode(_plain(obj)).encode("utf-8")
@@ -252,7 +274,7 @@ def canonical_bytes(obj: Any) -> bytes:
         plain = _plain_checked(obj)
         # A lone surrogate survives ``ensure_ascii=False`` and fails the encode: one UTF-8 check
         # of the whole text instead of one per string.
-        return _CANONICAL_JSON.encode(plain).encode("utf-8")
+        return _canonical_text(plain).encode("utf-8")
     except (_Unplain, UnicodeEncodeError):
         pass
     # Something is refused: the checked path raises the refusal naming where it is.
@@ -378,7 +400,7 @@ class Action:
             # str keys and str/int/bool/None values, all text ASCII: nothing to refuse, nothing
             # nested to freeze, and the dict is its own plain form
             object.__setattr__(self, "arguments", MappingProxyType(dict(given)))
-            arguments = _CANONICAL_JSON.encode(given)
+            arguments = _canonical_text(given)
         else:
             check_value(given, "arguments")
             object.__setattr__(self, "arguments", freeze(given))

@@ -179,7 +179,7 @@ class _Protected:
         resource = None
         if resource_template is not None:
             resource = render_resource(resource_template, arguments)
-        action = Action(self.name, arguments, principal, resource, environment=control.environment)
+        action = Action(self.name, arguments, principal, resource, environment=control._environment)
         effect_key, effect_error = None, None
         if effect is not None:
             try:

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from .._time import format_precise, parse_ts
-from ..action import action_from_dict, action_to_dict
+from ..action import action_from_dict, action_to_dict, encoder_of
 from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
 from ..effect import EffectRecord, EffectState
 from ..errors import InvalidArgument
@@ -40,13 +40,14 @@ def _time(text: str | None) -> datetime | None:
 
 
 _UTF8_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_utf8_text = encoder_of(_UTF8_JSON)
 _ASCII_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def dumps(value: Any, what: str) -> str:
     """Compact JSON text for a column; escapes non-ASCII only when UTF-8 cannot carry it."""
     try:
-        text = _UTF8_JSON.encode(value)
+        text = _utf8_text(value)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"{what} is not JSON-encodable: {exc}") from None
     if not text.isascii():
@@ -89,7 +90,7 @@ def effect_values(record: EffectRecord) -> tuple[Any, ...]:
     result = record.result
     return (
         _text(record.effect_key, "effect_key"),
-        record.state.value,
+        record.state._value_,  # .value, without the enum's property
         _text(record.action_id, "action_id"),
         record.attempt,
         None if record.lease_expires_at is None else format_precise(record.lease_expires_at),
@@ -106,7 +107,7 @@ def finished_values(record: EffectRecord) -> tuple[Any, ...]:
     updated_at."""
     result = record.result
     return (
-        record.state.value,
+        record.state._value_,  # .value, without the enum's property
         None if record.lease_expires_at is None else format_precise(record.lease_expires_at),
         None if result is None else dumps(result, "result"),
         None if record.error is None else _free_text(record.error, "error"),

@@ -74,6 +74,9 @@ class Transaction:
         if begin is not None and not fused:
             self._send(begin, None)
             self._open = True
+        # ``run`` without its bookkeeping, where it has none to do (nothing traced, no BEGIN
+        # waiting to ride along): the cursor's own execute, which answers with the cursor too
+        self.direct = cursor.execute if trace is None and (begin is None or not fused) else self.run
 
     def _send(self, text: str, parameters: Sequence[Any] | None) -> Any:
         if self._trace is not None:

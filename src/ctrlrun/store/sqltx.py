@@ -36,7 +36,7 @@ class SQLTx(LedgerRows, TxSteps):
 
     def __init__(self, transaction: Any, statements: Statements) -> None:
         self.sql = statements
-        self._run = transaction.run
+        self._run = transaction.direct
         # sends a statement with the transaction's COMMIT, when the transaction can
         self._commits = transaction.run_and_commit if transaction.fused else None
         self._unique_error = transaction.unique_error

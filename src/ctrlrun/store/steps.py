@@ -270,6 +270,9 @@ def event_rows(events: Sequence[Event | EventRow], *checked: str | None) -> list
     for event in events:
         if type(event) is tuple:
             row: EventRow = event
+            if row[2] in seen and row[3] in seen and row[4] in seen:
+                rows.append(row)  # the common case: ids the caller checked, or none
+                continue
             for value in (row[2], row[3], row[4]):
                 if value not in seen:
                     codec.check_text(value, "event id")
