@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -15,7 +16,7 @@ from .text import say
 
 __all__ = ["serve"]
 
-_EXTRA = ("starlette", "jinja2", "uvicorn", "multipart", "itsdangerous")
+_EXTRA = (("starlette",), ("jinja2",), ("uvicorn",), ("python_multipart", "multipart"), ("itsdangerous",))
 _DURATION = re.compile(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?", re.IGNORECASE)
 
 
@@ -23,14 +24,20 @@ def _require_extra() -> None:
     """Refuse (exit 1) naming the install line when the console's packages are missing."""
     import importlib
 
-    for name in _EXTRA:
-        try:
-            importlib.import_module(name)
-        except ImportError:
+    for names in _EXTRA:
+        if not any(_importable(importlib, name) for name in names):
             raise CTRLRunError(
-                f"ctrlrun serve needs the console extra ({name} is not installed): run "
+                f"ctrlrun serve needs the console extra ({names[0]} is not installed): run "
                 "pip install '.[console]' in a clone, or pip install 'ctrlrun[console]'"
-            ) from None
+            )
+
+
+def _importable(importlib: Any, name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
 
 
 def parse_duration(text: str) -> float:
