@@ -16,6 +16,7 @@ from .commands_operator import mcp_operator
 from .commands_pending import pending
 from .commands_policy import init, policy
 from .commands_receipts import receipts
+from .commands_serve import serve
 from .commands_stats import stats
 from .demo import demo
 from .gateway import gateway
@@ -72,5 +73,5 @@ def cli(ctx: click.Context) -> None:
 
 
 for _command in (init, demo, approve, deny, pending, resolve, effects, receipts, policy, delegate, revoke, inspect, stats,
-                 gateway, mcp_operator):
+                 gateway, mcp_operator, serve):
     cli.add_command(_command)

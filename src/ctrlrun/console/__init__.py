@@ -1,1 +1,4 @@
-"""The approver's console (``ctrlrun serve``): a web app over the store, its notifier and escalation."""
+"""The approver's console (``ctrlrun serve``): a small web application over the operator's store.
+
+Needs the ``console`` extra; ``import ctrlrun`` never imports this package.
+"""

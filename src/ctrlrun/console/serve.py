@@ -1,0 +1,98 @@
+"""Starting the console: bind the socket, say where it listens, run uvicorn, start the notifier."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..cli.stores import Settings, open_operator_store
+from ..errors import CTRLRunError
+from .settings import ConsoleSettings, NotifySettings
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+__all__ = ["is_loopback", "parse_listen", "run", "start_notifier"]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) → ``(host, port)``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise CTRLRunError(f"--listen {text!r}: write HOST:PORT, e.g. 127.0.0.1:8765")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def start_notifier(store_url: str, settings: NotifySettings) -> Callable[[], None]:
+    """Start webhook delivery and escalation in the background; returns the function that stops it.
+    Implemented by ``ctrlrun.console.notify``; imported only when a webhook flag is given."""
+    try:
+        from . import notify
+    except ImportError:
+        raise CTRLRunError(
+            "webhooks and escalation are not available in this ctrlrun (ctrlrun.console.notify is "
+            "missing); start without --webhook/--escalate-webhook or install a ctrlrun that has them"
+        ) from None
+    stop: Callable[[], None] = notify.start_notifier(store_url, settings)
+    return stop
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise CTRLRunError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --listen") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run(store_url: str, settings: ConsoleSettings, host: str, port: int,
+        notify: NotifySettings | None, cli_settings: Settings) -> None:  # fmt: skip
+    """Serve the console on ``host:port`` over the store at ``store_url`` until interrupted."""
+    import uvicorn
+
+    from .app import build_app
+
+    with open_operator_store(cli_settings, store_url) as store:
+        sock = _bind(host, port)
+        bound = _url(host, sock.getsockname()[1])
+        stop: Callable[[], None] | None = None
+        try:
+            if notify is not None:
+                from dataclasses import replace
+
+                stop = start_notifier(store_url, replace(notify, base_url=notify.base_url or bound))
+            app: Starlette = build_app(store, settings)
+            config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                    proxy_headers=False, server_header=False)  # fmt: skip
+            server = uvicorn.Server(config)
+            print(f"listening on {bound}", file=sys.stderr, flush=True)
+            server.run(sockets=[sock])
+        finally:
+            if stop is not None:
+                stop()
+            sock.close()
