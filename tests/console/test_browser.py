@@ -41,6 +41,21 @@ def driver(project: Project) -> Iterator[Any]:
     browser.quit()
 
 
+@pytest.fixture(scope="module")
+def second_driver(project: Project) -> Iterator[Any]:
+    browser = start_driver(project.directory / "chromium-profile-2")
+    yield browser
+    browser.quit()
+
+
+@pytest.fixture
+def bob(second_driver: Any, console: Console) -> Any:
+    """A second browser, signed in as bob: another approver at the same time."""
+    login(second_driver, console, "bob", PASSWORD)
+    assert path_of(second_driver) == "/"
+    return second_driver
+
+
 @pytest.fixture
 def ada(driver: Any, console: Console) -> Any:
     """The browser, signed in as ada on a fresh session, on one tab."""
@@ -166,9 +181,10 @@ def test_hostile_arguments_show_as_text(ada, console, project):
     assert _status(project, request_id) == "denied"
 
 
-def test_a_double_submit_grants_once(ada, console, project):
+def test_a_double_submit_grants_once(ada, bob, console, project):
     arguments = {"payment_id": "txn_double", "amount": 120_000}
     request_id = project.request(arguments)
+    bob.get(console.url(f"/requests/{request_id}"))  # a second approver, on the same request
     ada.get(console.url(f"/requests/{request_id}"))
     ada.switch_to.new_window("tab")  # the same form, open in a second tab of the same session
     replay = ada.current_window_handle
@@ -183,14 +199,17 @@ def test_a_double_submit_grants_once(ada, console, project):
     ada.switch_to.window(replay)
     submit(ada, action_button(ada, "approve"))
     assert "already granted by console:ada" in ada.find_element("tag name", "body").text
+    submit(bob, action_button(bob, "deny"))
+    assert "already granted by console:ada" in bob.find_element("tag name", "body").text
 
+    assert project.events("APPROVAL_DENIED", request_id) == []
     assert _status(project, request_id) == "granted"
     assert len(project.events("APPROVAL_GRANTED", request_id)) == 1
     assert project.agent(arguments, approval=request_id)["outcome"] == "ran"
     assert len(project.runs("txn_double")) == 1
 
 
-def test_a_post_without_the_csrf_token_is_refused_and_writes_nothing(ada, console, project):
+def test_a_post_without_the_csrf_token_is_refused_and_writes_nothing(ada, bob, console, project):
     request_id = project.request({"payment_id": "txn_csrf", "amount": 130_000})
     before = len(project.events())
     ada.get(console.url(f"/requests/{request_id}"))
@@ -208,6 +227,8 @@ def test_a_post_without_the_csrf_token_is_refused_and_writes_nothing(ada, consol
     bare = {k: v for k, v in fields.items() if k not in token}
     assert post_as(ada, url, bare)[0] == 403
     assert post_as(ada, url, {**bare, **{k: "0" * len(v) for k, v in token.items()}})[0] == 403
+    bob.get(console.url(f"/requests/{request_id}"))
+    assert post_as(ada, url, {**bare, **hidden_fields(logout_form(bob))})[0] == 403  # bob's token
     assert _status(project, request_id) == "pending" and len(project.events()) == before
 
     status, _ = post_as(ada, url, fields)  # the same POST with the session's token is answered
