@@ -1,0 +1,1 @@
+"""Tests of the approver's console (``ctrlrun serve``)."""
