@@ -63,7 +63,7 @@ def ceiling_worker(directory: str, barrier: Any, results: Any, store_url: str | 
     barrier.wait()
     seen = []
     with ctrlrun.context(agent=f"worker-{os.getpid()}"):
-        for _ in range(200):
+        for _ in range(20_000):  # a refusal while another attempt holds the key is retried
             try:
                 run(job_id="race", size=1)
             except ctrlrun.NotExecuted:
