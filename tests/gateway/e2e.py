@@ -86,3 +86,15 @@ def error_of(exc: BaseException) -> Any:
             if found is not None:
                 return found
     return None
+
+
+async def refused(client: Any, tool: str, arguments: dict[str, Any]) -> Any:
+    """Call a tool that ctrlrun answers with a JSON-RPC error; return the error."""
+    try:
+        result = await client.call_tool(tool, arguments)
+    except Exception as exc:  # noqa: BLE001 - the SDK's MCPError, maybe grouped
+        found = error_of(exc)
+        if found is None:
+            raise
+        return found
+    raise AssertionError(f"expected a JSON-RPC error, got {result!r}")

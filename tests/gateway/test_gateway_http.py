@@ -19,7 +19,7 @@ import pytest
 
 from .._cli_helpers import invoke
 from .conftest import MODES, UPSTREAM_SCRIPT, Counter, Mode, confirming, connect
-from .e2e import FLAGGED, SRC, Site, error_of
+from .e2e import FLAGGED, SRC, Site, refused
 
 RECEIPT = "com.ctrlrun/receipt"
 LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+/mcp)")
@@ -78,15 +78,6 @@ def gateway() -> Iterator[Any]:
         served.close()
 
 
-async def refused(client: Any, tool: str, arguments: dict[str, Any]) -> Any:
-    try:
-        result = await client.call_tool(tool, arguments)
-    except Exception as exc:  # noqa: BLE001 - the SDK's MCPError, maybe grouped
-        found = error_of(exc)
-        if found is None:
-            raise
-        return found
-    raise AssertionError(f"expected a JSON-RPC error, got {result!r}")
 
 
 def raw_call(url: str, ident: int, tool: str, arguments: dict[str, Any], headers: dict[str, str] | None = None) -> Any:

@@ -12,7 +12,7 @@ import pytest
 
 from .._cli_helpers import invoke
 from .conftest import MODES, Counter, Mode, RawStdio, confirming, connect, upstream_stdio_command
-from .e2e import FLAGGED, Site, error_of
+from .e2e import FLAGGED, Site, refused
 from .upstream import TOKEN_KEY
 
 RECEIPT = "com.ctrlrun/receipt"
@@ -27,16 +27,6 @@ def run(body: Any) -> Any:
     return anyio.run(body)
 
 
-async def refused(client: Any, tool: str, arguments: dict[str, Any]) -> Any:
-    """Call a tool that ctrlrun answers with a JSON-RPC error; return the error."""
-    try:
-        result = await client.call_tool(tool, arguments)
-    except Exception as exc:  # noqa: BLE001 - the SDK's MCPError, maybe grouped
-        found = error_of(exc)
-        if found is None:
-            raise
-        return found
-    raise AssertionError(f"expected a JSON-RPC error, got {result!r}")
 
 
 @pytest.mark.parametrize("mode", MODES)

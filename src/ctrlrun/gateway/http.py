@@ -10,7 +10,6 @@ from __future__ import annotations
 import socket
 import sys
 import threading
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from ..action import Principal
+from ..cli.text import safe
 from ..errors import InvalidArgument, MissingDependency, UsageError
 from . import httpinbound, wire
 from .httpinbound import Out, Watch, read_chunked
@@ -549,13 +549,6 @@ def _kept(response: httpx2.Response | None) -> list[tuple[str, str]]:
 
 
 def _clean(text: str, limit: int = 600) -> str:
-    """``text`` with control and format characters escaped, cut to ``limit`` characters."""
-    shown = text if len(text) <= limit else text[:limit] + "..."
-    out = []
-    for char in shown:
-        code = ord(char)
-        if code < 0x20 or 0x7F <= code < 0xA0 or unicodedata.category(char) in ("Cf", "Zl", "Zp"):
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
-        else:
-            out.append(char)
-    return "".join(out)
+    """``text`` escaped as the CLI escapes it (control, format, separator characters), cut to
+    ``limit`` characters."""
+    return safe(text if len(text) <= limit else text[:limit] + "...")

@@ -12,12 +12,12 @@ import subprocess
 import sys
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, TextIO
 
 from ..action import Principal
+from ..cli.text import safe
 from ..errors import InvalidArgument
 from ..transport import Transport
 from . import wire
@@ -30,26 +30,9 @@ __all__ = ["serve_stdio", "child_environment"]
 
 Spawn = Callable[..., subprocess.Popen[bytes]]
 
-_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 _EXCERPT = 200
 _CHUNK = 65536
 _CANCELLED = "notifications/cancelled"
-
-
-def _escape(char: str) -> str:
-    point = ord(char)
-    if point <= 0xFF:
-        return f"\\x{point:02x}"
-    if point <= 0xFFFF:
-        return f"\\u{point:04x}"
-    return f"\\U{point:08x}"
-
-
-def _safe(text: str) -> str:
-    """``text`` with control, format and separator characters escaped, for a log line."""
-    if text.isprintable():
-        return text
-    return "".join(_escape(c) if unicodedata.category(c) in _HIDDEN else c for c in text)
 
 
 def _excerpt(line: bytes) -> str:
@@ -160,7 +143,7 @@ class _Relay:
     def _log(self, text: str) -> None:
         with self._err_lock:
             try:
-                self._stderr.write(f"ctrlrun gateway: {_safe(text)}\n")
+                self._stderr.write(f"ctrlrun gateway: {safe(text)}\n")
                 self._stderr.flush()
             except (OSError, ValueError):
                 pass
@@ -473,7 +456,7 @@ class _Relay:
     def _pump_stderr(self, stream: IO[bytes]) -> None:
         try:
             for raw in _lines(stream):
-                text = _safe(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                text = safe(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
                 with self._err_lock:
                     self._stderr.write(text + "\n")
                     self._stderr.flush()
