@@ -82,7 +82,7 @@ def ctrlrun_cli(args: list[str], url: str, repeat: int = 5) -> dict[str, Any]:
         wall, peak, code, err = run(sys.executable, ["-m", "ctrlrun", *args, "--store-url", url])
         walls.append(wall)
         rss.append(peak)
-    out = {"ms": round(statistics.median(walls) * 1000, 1), "rss_mb": round(max(rss), 1)}
+    out: dict[str, Any] = {"ms": round(statistics.median(walls) * 1000, 1), "rss_mb": round(max(rss), 1)}
     if code != 0:
         out["error"] = f"exit {code}: {err}"[:160]
     return out

@@ -101,8 +101,8 @@ class Generator:
     def __init__(self, templates: Templates) -> None:
         self.t = templates
         first = templates.allowed["receipts"][0]
-        self.seconds = {_second(r["json"]) for g in (templates.allowed, templates.approval)
-                        for r in g["receipts"]} - {None}
+        self.seconds: set[str] = {s for g in (templates.allowed, templates.approval)
+                        for r in g["receipts"] if (s := _second(r["json"]))}
         self.compact = (",", ":")
         self._check_hashing(first)
 
