@@ -7,7 +7,6 @@ from importlib import import_module
 from typing import Any
 
 import click
-from click.utils import make_default_short_help
 
 from ..errors import CTRLRunError
 from .stores import Settings
@@ -59,13 +58,10 @@ class CtrlrunGroup(click.Group):
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(name) for name in names)
         rows = []
-        for name in names:
-            loaded = self.commands.get(name)
-            if loaded is not None:
-                if not loaded.hidden:
-                    rows.append((name, loaded.get_short_help_str(limit)))
-            else:
-                rows.append((name, make_default_short_help(COMMANDS[name][2], limit)))
+        for name in names:  # a stand-in shortens the table's help exactly as the command would
+            command = self.commands.get(name) or click.Command(name, help=COMMANDS[name][2])
+            if not command.hidden:
+                rows.append((name, command.get_short_help_str(limit)))
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
