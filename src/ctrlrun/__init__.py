@@ -15,14 +15,9 @@ if TYPE_CHECKING:
     from ._ambient import context, idempotency_token, with_approval
     from ._default import reset
     from .adapter import (
-        ApprovalAnswer,
-        ApprovalNotAsked,
-        FrameworkInterrupt,
-        InterruptApprovalProvider,
-        PendingApproval,
-        banner,
-        needs_approval,
-    )
+        ApprovalAnswer, ApprovalNotAsked, FrameworkInterrupt, InterruptApprovalProvider,
+        PendingApproval, banner, needs_approval,
+    )  # fmt: skip
     from .action import (
         Action,
         Principal,
