@@ -217,12 +217,6 @@ def test_import_ctrlrun_loads_neither_transport_nor_http_client() -> None:
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="import ctrlrun still imports SQLAlchemy (whose compat module imports asyncio, and "
-    "asyncio imports ssl); ctrlrun's own modules load asyncio only when first awaited. The light "
-    "import of issue 21 removes this",
-)
 def test_import_ctrlrun_does_not_load_ssl() -> None:
     code = "import ctrlrun, sys; print('ssl' in sys.modules)"
     env = {**os.environ, "PYTHONPATH": str(Path(ctrlrun.__file__).parents[1])}

@@ -1,67 +1,149 @@
-"""ctrlrun: execution safety between an AI agent's decision to act and the call that acts."""
+"""ctrlrun: execution safety between an AI agent's decision to act and the call that acts.
 
-from importlib.metadata import PackageNotFoundError, version as _version
+Importing the package is light: each public name loads its module on first use, so SQLAlchemy,
+pydantic, YAML and the extras load only when a store is opened, a policy loaded or the CLI run.
+"""
 
-from ._ambient import context, idempotency_token, with_approval
-from ._default import reset
-from .adapter import (
-    ApprovalAnswer,
-    ApprovalNotAsked,
-    FrameworkInterrupt,
-    InterruptApprovalProvider,
-    PendingApproval,
-    banner,
-    needs_approval,
-)
-from .action import Action, Principal, action_hash, canonical_bytes, canonicalize
-from .approvals import (
-    Approval,
-    ApprovalProvider,
-    ApprovalRecord,
-    ApprovalRequest,
-    ApprovalStatus,
-    LocalApprovalProvider,
-    ScriptedApprovalProvider,
-)
-from .control import Control, ReconcileOutcome
-from .edits import grant_with_edits
-from .effect import EffectRecord, EffectState, Reservation
-from .errors import (
-    ActionDenied,
-    AmbiguousEffect,
-    AmbiguousWrite,
-    ApprovalMismatch,
-    ApprovalRequired,
-    ApprovalTimeout,
-    AuthorityDenied,
-    AuthorityEscalation,
-    BudgetExhausted,
-    ClockSkew,
-    CTRLRunError,
-    Refusal,
-    StoreError,
-    StoreUnavailable,
-    UsageError,
-    DuplicateEffect,
-    EffectKeyError,
-    IdentityError,
-    InvalidArgument,
-    MissingDependency,
-    NotExecuted,
-    PolicyError,
-    SchemaMismatch,
-    Suspended,
-)
-from .identity import IdentityProvider, StaticIdentityProvider
-from .policy import Decision, Evaluation, Policy
-from .protect import protect
-from .receipt import Event, EventSink, JSONLEventSink, Receipt
-from .store import InMemoryStateStore, SQLiteStateStore, StateStore
+from __future__ import annotations
 
-try:
-    __version__ = _version("ctrlrun")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.0.0"
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
+from .protect import protect  # eager: ``ctrlrun.protect`` is the decorator, never the submodule
+
+if TYPE_CHECKING:
+    from ._ambient import context, idempotency_token, with_approval
+    from ._default import reset
+    from .adapter import (
+        ApprovalAnswer, ApprovalNotAsked, FrameworkInterrupt, InterruptApprovalProvider,
+        PendingApproval, banner, needs_approval,
+    )  # fmt: skip
+    from .action import (
+        Action,
+        Principal,
+        action_hash,
+        canonical_bytes,
+        canonicalize,
+    )
+    from .approvals import (
+        Approval,
+        ApprovalProvider,
+        ApprovalRecord,
+        ApprovalRequest,
+        ApprovalStatus,
+        LocalApprovalProvider,
+        ScriptedApprovalProvider,
+    )
+    from .control import Control, ReconcileOutcome
+    from .edits import grant_with_edits
+    from .effect import EffectRecord, EffectState, Reservation
+    from .errors import (
+        ActionDenied,
+        AmbiguousEffect,
+        AmbiguousWrite,
+        ApprovalMismatch,
+        ApprovalRequired,
+        ApprovalTimeout,
+        AuthorityDenied,
+        AuthorityEscalation,
+        BudgetExhausted,
+        ClockSkew,
+        CTRLRunError,
+        Refusal,
+        StoreError,
+        StoreUnavailable,
+        UsageError,
+        DuplicateEffect,
+        EffectKeyError,
+        IdentityError,
+        InvalidArgument,
+        MissingDependency,
+        NotExecuted,
+        PolicyError,
+        SchemaMismatch,
+        Suspended,
+    )
+    from .identity import IdentityProvider, StaticIdentityProvider
+    from .policy import Decision, Evaluation, Policy
+    from .receipt import (
+        Event,
+        EventSink,
+        JSONLEventSink,
+        Receipt,
+    )
+    from .store import InMemoryStateStore, SQLiteStateStore, StateStore
+    from ._version import __version__
+
+# Public name -> the submodule that defines it; read by ``__getattr__`` on first use.
+_LAZY: dict[str, str] = {
+    "__version__": "_version",
+    "context": "_ambient",
+    "idempotency_token": "_ambient",
+    "with_approval": "_ambient",
+    "reset": "_default",
+    "ApprovalAnswer": "adapter",
+    "ApprovalNotAsked": "adapter",
+    "FrameworkInterrupt": "adapter",
+    "InterruptApprovalProvider": "adapter",
+    "PendingApproval": "adapter",
+    "banner": "adapter",
+    "needs_approval": "adapter",
+    "Action": "action",
+    "Principal": "action",
+    "action_hash": "action",
+    "canonical_bytes": "action",
+    "canonicalize": "action",
+    "Approval": "approvals",
+    "ApprovalProvider": "approvals",
+    "ApprovalRecord": "approvals",
+    "ApprovalRequest": "approvals",
+    "ApprovalStatus": "approvals",
+    "LocalApprovalProvider": "approvals",
+    "ScriptedApprovalProvider": "approvals",
+    "Control": "control",
+    "ReconcileOutcome": "control",
+    "grant_with_edits": "edits",
+    "EffectRecord": "effect",
+    "EffectState": "effect",
+    "Reservation": "effect",
+    "ActionDenied": "errors",
+    "AmbiguousEffect": "errors",
+    "AmbiguousWrite": "errors",
+    "ApprovalMismatch": "errors",
+    "ApprovalRequired": "errors",
+    "ApprovalTimeout": "errors",
+    "AuthorityDenied": "errors",
+    "AuthorityEscalation": "errors",
+    "BudgetExhausted": "errors",
+    "ClockSkew": "errors",
+    "CTRLRunError": "errors",
+    "Refusal": "errors",
+    "StoreError": "errors",
+    "StoreUnavailable": "errors",
+    "UsageError": "errors",
+    "DuplicateEffect": "errors",
+    "EffectKeyError": "errors",
+    "IdentityError": "errors",
+    "InvalidArgument": "errors",
+    "MissingDependency": "errors",
+    "NotExecuted": "errors",
+    "PolicyError": "errors",
+    "SchemaMismatch": "errors",
+    "Suspended": "errors",
+    "IdentityProvider": "identity",
+    "StaticIdentityProvider": "identity",
+    "Decision": "policy",
+    "Evaluation": "policy",
+    "Policy": "policy",
+    "Event": "receipt",
+    "EventSink": "receipt",
+    "JSONLEventSink": "receipt",
+    "Receipt": "receipt",
+    "InMemoryStateStore": "store",
+    "SQLiteStateStore": "store",
+    "StateStore": "store",
+}
+
 
 __all__ = [
     "Action",
@@ -132,3 +214,6 @@ __all__ = [
     "reset",
     "with_approval",
 ]
+
+if not TYPE_CHECKING:  # type checkers see the imports above, never a catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)

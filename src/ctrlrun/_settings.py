@@ -6,10 +6,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Generic, Literal, TypedDict, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, overload
 
 from .errors import InvalidArgument
-from .policy import Policy
+
+if TYPE_CHECKING:
+    from .policy import Policy
 
 __all__ = ["CallOptions", "ReadOnly", "Reconcile", "ReconcileOutcome"]
 

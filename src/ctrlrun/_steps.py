@@ -12,9 +12,12 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-__all__ = ["Carried", "Steps", "Work", "call", "drive", "drive_async", "run_function", "unwrap"]
+__all__ = ["GIVE_WAY", "Carried", "Steps", "Work", "call", "drive", "drive_async", "run_function", "unwrap"]
 
 T = TypeVar("T")
+
+GIVE_WAY: Any = object()
+"""What the straight path answers when the call must take the pipeline instead."""
 
 
 @dataclass(slots=True)

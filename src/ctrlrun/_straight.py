@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _ambient
 from ._attempt import Attempt, fan_out
-from ._steps import drive
+from ._steps import GIVE_WAY, drive
 from ._time import format_ts
 from .action import _CANONICAL_JSON, Action, Principal, _json_opt, _json_str, new_id
 from .effect import EffectState
@@ -32,8 +32,6 @@ if TYPE_CHECKING:
 
 __all__ = ["GIVE_WAY", "Straight"]
 
-GIVE_WAY: Any = object()
-"""What ``Straight.run`` answers when the call must take the pipeline instead."""
 
 _NO_PLACE = '{"task":null,"hop":null}'
 

@@ -38,12 +38,13 @@ from .errors import (
     PolicyError,
 )
 from .identity import IdentityProvider
-from .policy import Decision, Evaluation, Policy
+from .policy.decision import Decision, Evaluation
 from .receipt import EventSink, EventType, JSONLEventSink, Receipt
 from .store import StateStore
 
 if TYPE_CHECKING:
     from .authority import Authority, Delegation, Grant
+    from .policy import Policy
 
 __all__ = ["Control", "ReconcileOutcome"]
 
@@ -72,6 +73,8 @@ class Control:
         upstream: str | None = None,
         anchor: Any = None,
     ) -> None:
+        from .policy import Policy  # the engine (YAML, pydantic) loads with the first Control
+
         if not isinstance(policy, Policy):
             raise InvalidArgument("Control needs a loaded Policy (Policy.from_file())")
         missing = policy.unenforced_features()
@@ -117,6 +120,7 @@ class Control:
     def from_file(cls, path: str | os.PathLike[str] | None = None, *, environment: str | None = None) -> Control:
         """The default wiring: the policy file, its store and a JSONL copy of the evidence."""
         from ._default import open_default_store, policy_path
+        from .policy import Policy
 
         policy = Policy.from_file(policy_path(path))
         store, evidence_dir = open_default_store(policy_path(path))
@@ -125,7 +129,7 @@ class Control:
 
     # -- read-only properties ------------------------------------------------------------
 
-    policy = ReadOnly[Policy]("_policy")
+    policy = ReadOnly["Policy"]("_policy")
     store = ReadOnly[StateStore]("_store")
     approvals = ReadOnly[ApprovalProvider]("_approvals")
     sinks = ReadOnly[tuple[EventSink, ...]]("_sinks")

@@ -8,18 +8,19 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, NamedTuple, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, cast
 
 from . import _ambient
 from ._default import cached_control, default_control
-from ._steps import Steps, drive, drive_async
+from ._steps import GIVE_WAY, Steps, drive, drive_async
 from ._steps import call as blocking
 from .action import Action
-from ._straight import GIVE_WAY
-from ._settings import Reconcile
-from .control import Control
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
-from .policy import render_effect_key, render_resource, template_placeholders
+from .policy.templates import render_effect_key, render_resource, template_placeholders
+
+if TYPE_CHECKING:  # a Control is built (and its module loaded) by whoever passes one, or the default
+    from ._settings import Reconcile
+    from .control import Control
 
 __all__ = ["protect"]
 
@@ -322,8 +323,11 @@ def protect(
         raise InvalidArgument(f"@protect({name!r}): reconcile_eagerly=True needs reconcile=")
     if not isinstance(wait, bool):
         raise InvalidArgument(f"@protect({name!r}): wait= must be True or False")
-    if control is not None and not isinstance(control, Control):
-        raise InvalidArgument(f"@protect({name!r}): control= must be a ctrlrun.Control")
+    if control is not None:
+        from .control import Control  # loaded already: whoever built this control imported it
+
+        if not isinstance(control, Control):
+            raise InvalidArgument(f"@protect({name!r}): control= must be a ctrlrun.Control")
 
     def decorate(func: Callable[P, R]) -> Callable[P, R]:
         signature = _check_function(name, func)

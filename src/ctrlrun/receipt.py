@@ -12,7 +12,7 @@ from operator import attrgetter
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from .policy.model import Decision
+from .policy.decision import Decision
 from ._time import parse_ts
 from .action import Principal
 from .action import _CANONICAL_JSON, _plain_checked, _Unplain, canonical_bytes, sha256_hex

@@ -15,7 +15,7 @@ import click
 from .._default import state_location
 from .._time import utc_now
 from ..errors import InvalidArgument
-from ..store import SQLiteStateStore, StateStore, open_store_url
+from ..store import StateStore, open_store_url
 from .text import say
 
 __all__ = ["Settings", "open_operator_store", "select_store_url", "store_url_option"]
@@ -76,6 +76,8 @@ def _missing_database(url: str) -> InvalidArgument | None:
 
 def _open_read_only(url: str, settings: Settings) -> StateStore:
     """A SQLite store opened for reading only; a snapshot read is said on stderr."""
+    from ..store.sqlite import SQLiteStateStore
+
     sqlite = SQLiteStateStore(url[len(_SQLITE) :], clock=settings.clock, migrate=False, read_only=True)
     if sqlite.snapshot:  # a SQLite store's own property, not the StateStore protocol's
         say(f"note: {sqlite.path} is read as a snapshot: SQLite cannot share it with its writers "

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
-from enum import StrEnum
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
+
+from .decision import Decision, Evaluation
 
 __all__ = [
     "ActionSettings",
@@ -16,26 +13,6 @@ __all__ = [
     "Evaluation",
     "UpstreamPin",
 ]
-
-
-class Decision(StrEnum):
-    """What policy says about an action; ``str()`` is the value."""
-
-    ALLOW = "allow"
-    APPROVE = "approve"
-    DENY = "deny"
-
-
-@dataclass(frozen=True, slots=True)
-class Evaluation:
-    """The outcome of ``Policy.evaluate``; unpacks as ``(decision, reason, controls)``."""
-
-    decision: Decision
-    reason: str
-    controls: tuple[str, ...] = ()
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter((self.decision, self.reason, self.controls))
 
 
 _STRICT = ConfigDict(frozen=True, strict=True, extra="forbid")

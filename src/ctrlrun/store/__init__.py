@@ -1,21 +1,33 @@
 """State stores: the ``StateStore`` protocol, the in-memory store and the SQLite store.
 
 The Postgres store (``store/postgres.py``, public as ``ctrlrun.postgres``) loads only when a URL
-names it, so importing this package never needs its driver.
+names it, so importing this package never needs its driver; the SQLite store (and SQLAlchemy)
+loads on first use of ``SQLiteStateStore`` or a ``sqlite://`` URL.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .._time import utc_now
 from ..errors import InvalidArgument
-from .base import StateStore
-from .memory import InMemoryStateStore
-from .sqlite import SQLiteStateStore
+
+if TYPE_CHECKING:
+    from .base import StateStore
+    from .memory import InMemoryStateStore
+    from .sqlite import SQLiteStateStore
 
 __all__ = ["InMemoryStateStore", "SQLiteStateStore", "StateStore", "open_store_url"]
+
+if not TYPE_CHECKING:  # type checkers see the imports above, never a catch-all __getattr__
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {"StateStore": "base", "InMemoryStateStore": "memory", "SQLiteStateStore": "sqlite"},
+        __all__,
+    )
 
 
 def open_store_url(
@@ -33,6 +45,8 @@ def open_store_url(
         path = url[len("sqlite://") :]
         if not path:
             raise InvalidArgument(f"store URL {url!r} names no file: use sqlite://<path>")
+        from .sqlite import SQLiteStateStore
+
         return SQLiteStateStore(path, clock=clock, migrate=migrate)
     if url.startswith(("postgresql://", "postgres://")):
         from .postgres import PostgresStateStore, split_store_url
