@@ -249,6 +249,22 @@ OLD_0004_POSTGRESQL = (
     "CREATE INDEX notifications_due ON {s}.notifications (next_attempt_at)",
 )
 
+OLD_0006_SQLITE = (
+    """CREATE TABLE verified_mark (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL,
+        hash TEXT NOT NULL,
+        verified_at TEXT NOT NULL)""",
+)
+
+OLD_0006_POSTGRESQL = (
+    f"""CREATE TABLE {{s}}.verified_mark (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq BIGINT NOT NULL,
+        hash {_C} NOT NULL,
+        verified_at {_C} NOT NULL)""",
+)
+
 OLD_MIGRATIONS = {
     "sqlite": {
         "0001_initial": OLD_0001_SQLITE,
@@ -258,6 +274,7 @@ OLD_MIGRATIONS = {
         ),
         "0003_authority": OLD_0003_SQLITE,
         "0004_notifications": OLD_0004_SQLITE,
+        "0006_verified_mark": OLD_0006_SQLITE,
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -267,6 +284,7 @@ OLD_MIGRATIONS = {
         ),
         "0003_authority": OLD_0003_POSTGRESQL,
         "0004_notifications": OLD_0004_POSTGRESQL,
+        "0006_verified_mark": OLD_0006_POSTGRESQL,
     },
 }
 OLD_STAMP = ("2026-11-01T09:00:00.000000Z", "0.1.0")
@@ -304,6 +322,7 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
     assert indexes == Counter(i.name for t in data for i in t.indexes)
     assert MIGRATIONS == (
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
+        "0006_verified_mark",
     )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))
@@ -462,7 +481,21 @@ def test_sqlite_0003_store_upgraded_by_the_generated_0004_keeps_working(tmp_path
     assert sqlite_catalog(old)["notifications"] == sqlite_catalog(new)["notifications"]
     with sqlite3.connect(old) as conn:
         rows = conn.execute("SELECT migration_id FROM schema_version").fetchall()
-    assert sorted(r[0] for r in rows)[-1] == "0004_notifications" == HEAD
+    assert {"0004_notifications", HEAD} <= {r[0] for r in rows}
+
+
+def test_sqlite_0004_store_upgraded_by_the_generated_0006_keeps_working(tmp_path, clock):
+    old, new = tmp_path / "old.db", tmp_path / "new.db"
+    make_old_sqlite(old, MIGRATIONS[:4])
+    assert "verified_mark" not in sqlite_catalog(old)
+    store = SQLiteStateStore(old, clock=clock)  # applies 0006 from the MetaData
+    exercise(store, clock)
+    store.close()
+    SQLiteStateStore(new).close()
+    assert sqlite_catalog(old)["verified_mark"] == sqlite_catalog(new)["verified_mark"]
+    with sqlite3.connect(old) as conn:
+        rows = conn.execute("SELECT migration_id FROM schema_version").fetchall()
+    assert sorted(r[0] for r in rows)[-1] == "0006_verified_mark" == HEAD
 
 
 def test_sqlite_metadata_create_all_matches_the_migrations(tmp_path):
