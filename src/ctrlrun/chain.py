@@ -19,7 +19,7 @@ from .receipt import (
     UnreadableReceipt,
 )
 
-__all__ = ["BREAKS_KEPT", "ChainBreak", "ChainReport", "ChainWalk", "verify_chain", "verify_rows"]
+__all__ = ["BREAKS_KEPT", "ChainBreak", "ChainReport", "ChainWalk", "StoredRow", "verify_chain", "verify_rows"]
 
 #: how many breaks a report lists; the rest are counted in ``ChainReport.more_breaks``
 BREAKS_KEPT = 100
@@ -336,14 +336,21 @@ class ChainWalk:
         )
 
 
+StoredRow = tuple[Any, Any, Any, Any]  # a stored row's (seq, receipt_id, json, hash) columns
+
+
 def verify_rows(
-    rows: Iterable[Receipt | UnreadableReceipt], head: tuple[int, str] | None
+    rows: Iterable[Receipt | UnreadableReceipt | StoredRow], head: tuple[int, str] | None
 ) -> ChainReport:
-    """The chain check over rows in stored ``seq`` order (any iterable: nothing is kept per row)."""
+    """The chain check over rows in stored ``seq`` order: receipts as a store returns them, or
+    stored rows' ``(seq, receipt_id, json, hash)`` columns. Any iterable; nothing is kept per row."""
     walk = ChainWalk()
-    add = walk.add
+    add, add_stored = walk.add, walk.add_stored
     for row in rows:
-        add(row)
+        if type(row) is tuple:
+            add_stored(*row)
+        else:
+            add(row)  # type: ignore[arg-type]
     return walk.report(head)
 
 
