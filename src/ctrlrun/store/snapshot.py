@@ -17,7 +17,7 @@ from .verifymark import MARK_SELECT, MEMORY_ATTRIBUTE, VerifiedMark, mark_of
 
 __all__ = ["walk_store"]
 
-_BATCH = 2000  # rows per fetch
+_BATCH = 500  # rows per fetch (a Postgres cursor fetches as many at a time)
 
 
 class _Snapshot:
