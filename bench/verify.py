@@ -45,7 +45,8 @@ def build(path: Path, count: int) -> None:
     (template,) = store.receipts()
     store.close()
     document = template.to_dict()
-    with sqlite3.connect(path) as db:
+    db = sqlite3.connect(path)
+    with db:
         db.execute("DELETE FROM receipts")
         prev = GENESIS_HASH
         rows = []
@@ -58,6 +59,7 @@ def build(path: Path, count: int) -> None:
                 db.executemany(f"INSERT INTO receipts VALUES ({', '.join('?' * 9)})", rows)
                 rows.clear()
         db.execute("UPDATE receipt_chain SET seq = ?, hash = ?", (count, prev))
+    db.close()  # the last connection: the WAL is checkpointed into the file
 
 
 def throughput(path: Path) -> tuple[int, float]:

@@ -221,25 +221,18 @@ def test_an_incremental_check_walks_from_the_mark_and_moves_it(store):
     assert verify_and_mark(store, since_verified=True).to_dict()["from_seq"] == 7
 
 
-def test_an_edit_after_the_mark_is_caught_and_the_mark_stays(store, store_kind, tmp_path):
+@pytest.mark.parametrize("edited", [6, 4], ids=["after-the-mark", "at-the-mark"])
+def test_since_verified_catches_an_edit_and_the_mark_stays(store, store_kind, tmp_path, edited):
     fill(store, 4)
     verify_and_mark(store)
     fill(store, 3)
-    _edit(store, store_kind, tmp_path, 6)
+    _edit(store, store_kind, tmp_path, edited)
     report = verify_and_mark(store, since_verified=True)
-    assert _named(report) == [("content_altered", 6), ("link_broken", 7)]
-    assert read_mark(store).seq == 4
-
-
-def test_an_edit_at_the_mark_is_content_altered_at_its_seq(store, store_kind, tmp_path):
-    fill(store, 4)
-    verify_and_mark(store)
-    fill(store, 2)
-    _edit(store, store_kind, tmp_path, 4)
-    report = verify_and_mark(store, since_verified=True)
-    assert _named(report) == [("content_altered", 4), ("link_broken", 5)]
-    assert "verified mark (seq 4)" in report.breaks[0].detail and read_mark(store).seq == 4
-    assert _named(verify_chain(store)) == [("content_altered", 4), ("link_broken", 5)]
+    assert _named(report) == [("content_altered", edited), ("link_broken", edited + 1)]
+    assert read_mark(store).seq == 4 and report.check == "incremental"
+    if edited == 4:  # the receipt at the mark no longer hashes to it
+        assert "the receipt at the verified mark (seq 4) hashes to" in report.breaks[0].detail
+    assert _named(verify_chain(store)) == _named(report)
 
 
 def test_an_edit_before_the_mark_is_for_the_full_check(store, store_kind, tmp_path):

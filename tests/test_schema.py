@@ -470,32 +470,22 @@ def test_sqlite_0002_store_upgraded_by_the_generated_0003_works(tmp_path, clock)
         assert sqlite_catalog(old)[table] == sqlite_catalog(new)[table]
 
 
-def test_sqlite_0003_store_upgraded_by_the_generated_0004_keeps_working(tmp_path, clock):
+@pytest.mark.parametrize(
+    ("migration_id", "table"),
+    [("0004_notifications", "notifications"), ("0006_verified_mark", "verified_mark")],
+)
+def test_sqlite_store_upgraded_by_a_generated_migration_keeps_working(tmp_path, clock, migration_id, table):
     old, new = tmp_path / "old.db", tmp_path / "new.db"
-    make_old_sqlite(old, MIGRATIONS[:3])
-    assert "notifications" not in sqlite_catalog(old)
-    store = SQLiteStateStore(old, clock=clock)  # applies 0004 from the MetaData
+    make_old_sqlite(old, MIGRATIONS[: MIGRATIONS.index(migration_id)])
+    assert table not in sqlite_catalog(old)
+    store = SQLiteStateStore(old, clock=clock)  # applies it (and any later one) from the MetaData
     exercise(store, clock)
     store.close()
     SQLiteStateStore(new).close()
-    assert sqlite_catalog(old)["notifications"] == sqlite_catalog(new)["notifications"]
+    assert sqlite_catalog(old)[table] == sqlite_catalog(new)[table]
     with sqlite3.connect(old) as conn:
         rows = conn.execute("SELECT migration_id FROM schema_version").fetchall()
-    assert {"0004_notifications", HEAD} <= {r[0] for r in rows}
-
-
-def test_sqlite_0004_store_upgraded_by_the_generated_0006_keeps_working(tmp_path, clock):
-    old, new = tmp_path / "old.db", tmp_path / "new.db"
-    make_old_sqlite(old, MIGRATIONS[:4])
-    assert "verified_mark" not in sqlite_catalog(old)
-    store = SQLiteStateStore(old, clock=clock)  # applies 0006 from the MetaData
-    exercise(store, clock)
-    store.close()
-    SQLiteStateStore(new).close()
-    assert sqlite_catalog(old)["verified_mark"] == sqlite_catalog(new)["verified_mark"]
-    with sqlite3.connect(old) as conn:
-        rows = conn.execute("SELECT migration_id FROM schema_version").fetchall()
-    assert sorted(r[0] for r in rows)[-1] == "0006_verified_mark" == HEAD
+    assert {migration_id, HEAD} <= {r[0] for r in rows}
 
 
 def test_sqlite_metadata_create_all_matches_the_migrations(tmp_path):

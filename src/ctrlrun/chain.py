@@ -236,6 +236,16 @@ class ChainWalk:
             self.expected_seq = seq
         return True
 
+    def _against_stored(self, seq: int, receipt_id: Any, recomputed: str, stored: Any) -> bool:
+        """The recomputed hash against the row's stored one; False after naming a break."""
+        if not stored:
+            self._break("hash_missing", seq, "the stored hash is empty")
+        elif recomputed != stored:
+            self._break("content_altered", seq, f"receipt {receipt_id} hashes to {recomputed}, stored {stored}")
+        else:
+            return True
+        return False
+
     def _row(self, seq: int, hashed: _Hashed, stored: Any) -> None:
         recomputed, receipt_id, prev_hash, problem = hashed
         self.chained += 1
@@ -244,13 +254,7 @@ class ChainWalk:
         if recomputed is None:
             self._break("content_altered", seq, problem)
         else:
-            if not stored:
-                self._break("hash_missing", seq, "the stored hash is empty")
-            elif recomputed != stored:
-                self._break(
-                    "content_altered", seq,
-                    f"receipt {receipt_id} hashes to {recomputed}, stored {stored}",
-                )  # fmt: skip
+            self._against_stored(seq, receipt_id, recomputed, stored)
             if in_order and prev_hash != self.expected_prev:
                 self._break(
                     "link_broken", seq,
@@ -282,14 +286,7 @@ class ChainWalk:
                     f"the receipt at the verified mark (seq {seq}) hashes to {recomputed}, "
                     f"the mark records {hash}",
                 )  # fmt: skip
-            elif not stored:
-                self._break("hash_missing", seq, "the stored hash is empty")
-            elif stored != recomputed:
-                self._break(
-                    "content_altered", seq,
-                    f"receipt {receipt_id} hashes to {recomputed}, stored {stored}",
-                )  # fmt: skip
-            else:
+            elif self._against_stored(seq, receipt_id, recomputed, stored):
                 self.verified += 1
         self.expected_prev = self.last_hash = recomputed or _SENTINEL
         self.last_seq, self.expected_seq = seq, seq + 1
