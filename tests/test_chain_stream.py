@@ -368,3 +368,26 @@ def test_a_store_that_may_not_be_written_keeps_its_mark_and_says_so(place):  # n
     assert result.code == 0 and result.lines[-1] == "the chain is intact"
     assert "note: the verified mark was not moved: " in result.err
     assert _mark_at(project.db) is None  # read as the CLI reads it (the place is still frozen)
+
+
+class _OtherStore:
+    """A store of another kind: only the protocol's reads, and a head read before the rows."""
+
+    def __init__(self, inner, head=None):
+        self.inner, self.head = inner, head
+
+    def chain_head(self):
+        return self.head or self.inner.chain_head()
+
+    def receipts(self):
+        return self.inner.receipts()
+
+
+def test_a_store_of_another_kind_is_read_head_first():
+    inner = InMemoryStateStore(clock=Clock())
+    fill(inner, 3)
+    assert verify_chain(_OtherStore(inner)).ok
+    second = inner.receipts()[1]
+    later = verify_chain(_OtherStore(inner, head=(2, second.hash)))  # seq 3 came after the head
+    assert later.ok and (later.verified, later.to_seq) == (2, 2)
+    assert verify_chain(_OtherStore(inner), since_verified=True).check == "full"

@@ -56,10 +56,11 @@ def _move_mark(store: StateStore, report: ChainReport, settings: Settings) -> No
     if not report.ok:
         return
     try:
-        if isinstance(store, SQLiteStateStore) and store.read_only:
-            if store.snapshot:
-                raise CTRLRunError(f"{store.path} was read as a snapshot, so it cannot be written from here")
-            writable = SQLiteStateStore(store.path, clock=settings.clock, migrate=False)
+        sqlite = store if isinstance(store, SQLiteStateStore) else None
+        if sqlite is not None and sqlite.read_only:  # a SQLite store's own properties
+            if sqlite.snapshot:
+                raise CTRLRunError(f"{sqlite.path} was read as a snapshot, so it cannot be written from here")
+            writable = SQLiteStateStore(sqlite.path, clock=settings.clock, migrate=False)
             try:
                 mark_verified(writable, report, settings.clock())
             finally:

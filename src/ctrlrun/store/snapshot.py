@@ -75,14 +75,14 @@ class _SQLiteSnapshot(_Snapshot):
             yield from batch
 
 
-def _walk_sqlite(store: Any, since_verified: bool) -> ChainReport:
+def _walk_sqlite(sqlite: Any, since_verified: bool) -> ChainReport:
     from sqlalchemy.exc import SQLAlchemyError
 
-    errors = (SQLAlchemyError, store._dbapi_error)
+    errors = (SQLAlchemyError, sqlite._dbapi_error)
     try:
-        raw = store.engine.raw_connection()
+        raw = sqlite.engine.raw_connection()
     except errors as exc:
-        raise store._driver_error(exc, "connecting") from None
+        raise sqlite._driver_error(exc, "connecting") from None
     try:
         dbapi = raw.driver_connection
         dbapi.execute("BEGIN")  # deferred: the first read below takes the snapshot
@@ -91,7 +91,7 @@ def _walk_sqlite(store: Any, since_verified: bool) -> ChainReport:
         finally:
             dbapi.execute("ROLLBACK")
     except errors as exc:
-        raise store._driver_error(exc, "reading") from None
+        raise sqlite._driver_error(exc, "reading") from None
     finally:
         raw.close()
 
@@ -131,31 +131,31 @@ class _PostgresSnapshot(_Snapshot):
             yield from partition
 
 
-def _walk_postgres(store: Any, since_verified: bool) -> ChainReport:
+def _walk_postgres(postgres: Any, since_verified: bool) -> ChainReport:
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
-        with store.engine.connect() as conn:
+        with postgres.engine.connect() as conn:
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
                 return _walk(_PostgresSnapshot(conn, since_verified), since_verified)
     except SQLAlchemyError as exc:
-        store._lost(exc)
-        raise store._driver_error(exc, "reading") from None
+        postgres._lost(exc)
+        raise postgres._driver_error(exc, "reading") from None
 
 
 # ---------------------------------------------------------------- memory: under its lock
 
 
 class _MemorySnapshot(_Snapshot):
-    """The store's rows as they stand (the caller holds its lock): nothing is copied."""
+    """The postgres's rows as they stand (the caller holds its lock): nothing is copied."""
 
-    def __init__(self, store: Any, since_verified: bool) -> None:
-        data = store._data
+    def __init__(self, postgres: Any, since_verified: bool) -> None:
+        data = postgres._data
         self._rows = data.receipts
         self.head = data.head
-        self.mark = getattr(store, MEMORY_ATTRIBUTE, None) if since_verified else None
+        self.mark = getattr(postgres, MEMORY_ATTRIBUTE, None) if since_verified else None
         self.unchained = sum(1 for row in self._rows.values() if row["seq"] is None)
 
     def row_at(self, seq: int) -> tuple[Any, Any, Any] | None:
@@ -171,9 +171,9 @@ class _MemorySnapshot(_Snapshot):
                 yield position, row["receipt_id"], row["json"], row["hash"]
 
 
-def _walk_memory(store: Any, since_verified: bool) -> ChainReport:
-    with store._lock:
-        return _walk(_MemorySnapshot(store, since_verified), since_verified)
+def _walk_memory(memory: Any, since_verified: bool) -> ChainReport:
+    with memory._lock:
+        return _walk(_MemorySnapshot(memory, since_verified), since_verified)
 
 
 def walk_store(store: Any, *, since_verified: bool = False) -> ChainReport:
@@ -189,9 +189,10 @@ def walk_store(store: Any, *, since_verified: bool = False) -> ChainReport:
     if isinstance(store, InMemoryStateStore):
         return _walk_memory(store, since_verified)
     if isinstance(store, SQLStateStore):
-        if store.engine.dialect.name == "sqlite":
-            return _walk_sqlite(store, since_verified)
-        return _walk_postgres(store, since_verified)
+        sql = store  # its engine is the SQL store's own, not the protocol's
+        if sql.engine.dialect.name == "sqlite":
+            return _walk_sqlite(sql, since_verified)
+        return _walk_postgres(sql, since_verified)
     head = store.chain_head()
     limit = None if head is None else head[0]
     rows = store.receipts()
