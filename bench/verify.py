@@ -77,10 +77,14 @@ def throughput(path: Path) -> tuple[int, float]:
 
 
 def cli_rss_mb(path: Path) -> float:
-    ran = subprocess.run(
-        [sys.executable, "-c", RSS_WRAPPER, "receipts", "--verify-chain", "--store-url", f"sqlite://{path}"],
-        capture_output=True, text=True, check=True, env=os.environ.copy(),
-    )  # fmt: skip
+    """Peak RSS of ``ctrlrun receipts --verify-chain`` in a process of its own (``/usr/bin/time -v``;
+    else the child's own ``getrusage``, which on Linux also counts the forked parent's pages)."""
+    command = [sys.executable, "-m", "ctrlrun", "receipts", "--verify-chain", "--store-url", f"sqlite://{path}"]
+    if Path("/usr/bin/time").exists():
+        ran = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True, check=True)
+        (line,) = [x for x in ran.stderr.splitlines() if "Maximum resident set size" in x]
+        return int(line.rsplit(":", 1)[1]) / 1024
+    ran = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *command[3:]], capture_output=True, text=True, check=True)
     return int(ran.stderr.strip().splitlines()[-1]) / 1024  # ru_maxrss is KiB on Linux
 
 
