@@ -102,7 +102,7 @@ def test_reading_commands_work_where_nothing_may_be_written(place):
         outputs[" ".join(args)] = result.lines
     assert tree(place.directory) == before  # created nothing
     assert len(outputs["receipts"]) == 2 and outputs["receipts --verify-chain"] == [
-        "chain: 2 of 2 receipts verified", "the chain is intact"]  # fmt: skip
+        "chain: 2 of 2 receipts verified", "full check of seq 1..2", "the chain is intact"]  # fmt: skip
     assert [json.loads(line)["state"] for line in outputs["effects --json"]] == ["committed", "ambiguous"]
     assert outputs["pending"][0].startswith(request_id) and "  refund:txn_2  new  " in outputs["pending"][0]
 

@@ -115,7 +115,7 @@ def test_an_unreadable_row_prints_in_place(chain):
 def test_verify_intact(chain):
     result = _verify(chain)
     assert result.code == 0, result.err
-    assert result.lines == ["chain: 4 of 4 receipts verified", "the chain is intact"]
+    assert result.lines == ["chain: 4 of 4 receipts verified", "full check of seq 1..4", "the chain is intact"]
     as_json = _verify(chain, "--json")
     assert as_json.code == 0
     assert as_json.out == json.dumps(verify_chain(chain.store).to_dict(), separators=(",", ":")) + "\n"
@@ -124,7 +124,7 @@ def test_verify_intact(chain):
 def test_verify_empty_store(project):
     result = _verify(project)
     assert result.code == 0
-    assert result.lines == ["chain: 0 of 0 receipts verified", "the chain is intact"]
+    assert result.lines == ["chain: 0 of 0 receipts verified", "full check of an empty chain", "the chain is intact"]
 
 
 def test_verify_ignores_last(chain):

@@ -184,7 +184,7 @@ def test_fresh_schema_is_migrated_and_recorded(pg_url, pg_schema, clock):
     PostgresStateStore(pg_url, schema=pg_schema, clock=clock).close()
     assert tables(pg_url, pg_schema) == {
         "schema_version", "effects", "approvals", "events", "receipts", "receipt_chain",
-        "delegations", "budget_ledger", "notifications",
+        "delegations", "budget_ledger", "notifications", "verified_mark",
     }  # fmt: skip
     rows = admin(pg_url, f"SELECT migration_id, ctrlrun_version FROM {pg_schema}.schema_version")
     assert tuple(sorted(r[0] for r in rows)) == MIGRATIONS and rows[0][1]

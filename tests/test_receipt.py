@@ -93,7 +93,8 @@ def test_chain_links_and_head():
     report = verify_chain(store).to_dict()
     assert report == {
         "ok": True, "verified": 3, "chained": 3, "unchained": 0, "head_seq": 3,
-        "head_hash": receipts[-1].hash, "breaks": [],
+        "head_hash": receipts[-1].hash, "breaks": [], "more_breaks": 0,
+        "check": "full", "from_seq": 1, "to_seq": 3, "pruned_through": None,
     }  # fmt: skip
 
 

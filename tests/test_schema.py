@@ -249,6 +249,22 @@ OLD_0004_POSTGRESQL = (
     "CREATE INDEX notifications_due ON {s}.notifications (next_attempt_at)",
 )
 
+OLD_0006_SQLITE = (
+    """CREATE TABLE verified_mark (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL,
+        hash TEXT NOT NULL,
+        verified_at TEXT NOT NULL)""",
+)
+
+OLD_0006_POSTGRESQL = (
+    f"""CREATE TABLE {{s}}.verified_mark (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq BIGINT NOT NULL,
+        hash {_C} NOT NULL,
+        verified_at {_C} NOT NULL)""",
+)
+
 OLD_MIGRATIONS = {
     "sqlite": {
         "0001_initial": OLD_0001_SQLITE,
@@ -258,6 +274,7 @@ OLD_MIGRATIONS = {
         ),
         "0003_authority": OLD_0003_SQLITE,
         "0004_notifications": OLD_0004_SQLITE,
+        "0006_verified_mark": OLD_0006_SQLITE,
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -267,6 +284,7 @@ OLD_MIGRATIONS = {
         ),
         "0003_authority": OLD_0003_POSTGRESQL,
         "0004_notifications": OLD_0004_POSTGRESQL,
+        "0006_verified_mark": OLD_0006_POSTGRESQL,
     },
 }
 OLD_STAMP = ("2026-11-01T09:00:00.000000Z", "0.1.0")
@@ -304,6 +322,7 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
     assert indexes == Counter(i.name for t in data for i in t.indexes)
     assert MIGRATIONS == (
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
+        "0006_verified_mark",
     )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))
@@ -451,18 +470,22 @@ def test_sqlite_0002_store_upgraded_by_the_generated_0003_works(tmp_path, clock)
         assert sqlite_catalog(old)[table] == sqlite_catalog(new)[table]
 
 
-def test_sqlite_0003_store_upgraded_by_the_generated_0004_keeps_working(tmp_path, clock):
+@pytest.mark.parametrize(
+    ("migration_id", "table"),
+    [("0004_notifications", "notifications"), ("0006_verified_mark", "verified_mark")],
+)
+def test_sqlite_store_upgraded_by_a_generated_migration_keeps_working(tmp_path, clock, migration_id, table):
     old, new = tmp_path / "old.db", tmp_path / "new.db"
-    make_old_sqlite(old, MIGRATIONS[:3])
-    assert "notifications" not in sqlite_catalog(old)
-    store = SQLiteStateStore(old, clock=clock)  # applies 0004 from the MetaData
+    make_old_sqlite(old, MIGRATIONS[: MIGRATIONS.index(migration_id)])
+    assert table not in sqlite_catalog(old)
+    store = SQLiteStateStore(old, clock=clock)  # applies it (and any later one) from the MetaData
     exercise(store, clock)
     store.close()
     SQLiteStateStore(new).close()
-    assert sqlite_catalog(old)["notifications"] == sqlite_catalog(new)["notifications"]
+    assert sqlite_catalog(old)[table] == sqlite_catalog(new)[table]
     with sqlite3.connect(old) as conn:
         rows = conn.execute("SELECT migration_id FROM schema_version").fetchall()
-    assert sorted(r[0] for r in rows)[-1] == "0004_notifications" == HEAD
+    assert {migration_id, HEAD} <= {r[0] for r in rows}
 
 
 def test_sqlite_metadata_create_all_matches_the_migrations(tmp_path):

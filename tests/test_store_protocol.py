@@ -32,6 +32,7 @@ CALLERS = (
     "adapter.py",  # InterruptApprovalProvider
     "edits.py",  # grant_with_edits (the CLI's and the interrupt provider's approve with edits)
     "chain.py",  # verify_chain (ctrlrun receipts --verify-chain, the demo)
+    "store/snapshot.py",  # verify_chain's read of a store of another kind
     "cli",  # the operator commands
 )
 

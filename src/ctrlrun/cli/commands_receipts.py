@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 
-from ..errors import CTRLRunError
-from ..receipt import ChainReport, Receipt, UnreadableReceipt, verify_chain
+from ..receipt import Receipt, UnreadableReceipt
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
+from .verifying import verify_chain_command
 
 __all__ = ["receipts"]
 
@@ -52,40 +52,22 @@ def _render(row: Receipt | UnreadableReceipt, as_json: bool) -> str:
         return document if as_json else human
 
 
-def _print_report(report: ChainReport, as_json: bool) -> None:
-    if as_json:
-        say_raw(compact_json(report.to_dict()))
-    else:
-        say(f"chain: {report.verified} of {report.chained + report.unchained} receipts verified")
-        if report.unchained:
-            say(f"       {report.unchained} written before the chain existed (unchained)")
-        for chain_break in report.breaks:
-            where = "" if chain_break.seq is None else f" at seq {chain_break.seq}"
-            say(f"  {chain_break.name}{where}: {chain_break.detail}")
-        if report.ok:
-            say("the chain is intact")
-    if not report.ok:
-        count = len(report.breaks)
-        raise CTRLRunError(f"the receipt chain does not verify ({count} break{'s' * (count != 1)})")
-
-
 @click.command()
 @click.option("--last", type=click.IntRange(min=1), metavar="N", help="Only the last N receipts.")
 @click.option("--json", "as_json", is_flag=True, help="Each stored receipt document as one JSON line.")
 @click.option("--verify-chain", "check_chain", is_flag=True, help="Check the hash chain instead of listing.")
+@click.option("--since-verified", is_flag=True,
+              help="With --verify-chain: check only what follows the store's verified mark.")  # fmt: skip
 @store_url_option
 @click.pass_obj
 def receipts(settings: Settings, last: int | None, as_json: bool, check_chain: bool,
-             store_url: str | None) -> None:  # fmt: skip
+             since_verified: bool, store_url: str | None) -> None:  # fmt: skip
     """Show receipts in chain order, or check the chain with --verify-chain."""
-    with open_operator_store(settings, store_url, read_only=True) as store:
-        if check_chain:
-            report = verify_chain(store)
-        else:
-            rows = store.receipts()
-    if check_chain:
-        _print_report(report, as_json)
+    if check_chain or since_verified:
+        verify_chain_command(settings, store_url, check_chain, as_json, since_verified)
         return
+    with open_operator_store(settings, store_url, read_only=True) as store:
+        rows = store.receipts()
     if not rows:
         say_prose("no receipts yet", as_json=as_json)
         return

@@ -61,6 +61,7 @@ __all__ = [
     "receipts",
     "running_version",
     "schema_version",
+    "verified_mark",
 ]
 
 
@@ -252,6 +253,16 @@ Index("notifications_due", notifications.c.next_attempt_at)
 # --------------------------------------------------------------------------- migration steps
 
 
+verified_mark = Table(
+    "verified_mark",
+    metadata,
+    _key("id", Integer, CheckConstraint("id = 1")),  # the one row: the last verified head
+    Column("seq", _COUNTER, nullable=False),
+    Column("hash", _ID, nullable=False),
+    Column("verified_at", _ID, nullable=False),
+)
+
+
 class AddColumn(ExecutableDDLElement):
     """``ALTER TABLE <table> ADD COLUMN <the column as the MetaData declares it>``."""
 
@@ -331,6 +342,7 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
             "0004_notifications",
             (CreateTable(notifications), _index(notifications, "notifications_due")),
         ),
+        Migration("0006_verified_mark", (CreateTable(verified_mark),)),
     )
 )
 
