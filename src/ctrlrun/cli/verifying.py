@@ -14,7 +14,7 @@ import click
 
 from ..chain import ChainReport, verify_chain
 from ..errors import CTRLRunError
-from ..store import SQLiteStateStore, StateStore
+from ..store import StateStore
 from ..store.verifymark import mark_verified
 from .stores import Settings, open_operator_store
 from .text import compact_json, say, say_raw
@@ -56,6 +56,8 @@ def _move_mark(store: StateStore, report: ChainReport, settings: Settings) -> No
     if not report.ok:
         return
     try:
+        from ..store.sqlite import SQLiteStateStore  # only here: --help stays light
+
         sqlite = store if isinstance(store, SQLiteStateStore) else None
         if sqlite is not None and sqlite.read_only:  # a SQLite store's own properties
             if sqlite.snapshot:
