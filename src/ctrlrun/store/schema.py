@@ -45,6 +45,7 @@ __all__ = [
     "SCHEMA_MIGRATIONS",
     "AddColumn",
     "BytewiseText",
+    "FillReceiptApprovals",
     "Migration",
     "apply_migrations",
     "approvals",
@@ -180,7 +181,22 @@ receipts = Table(
     Column("seq", _COUNTER, unique=True),
     Column("prev_hash", _ID),
     Column("hash", _ID),
+    Column("approval_id", _ID),  # the document's approval_id, for lookups by request
 )
+Index("receipts_action_id", receipts.c.action_id)
+Index("receipts_effect_key", receipts.c.effect_key)
+Index("receipts_ts", receipts.c.ts)
+Index(
+    "receipts_approval_id", receipts.c.approval_id,
+    sqlite_where=receipts.c.approval_id.is_not(None),
+    postgresql_where=receipts.c.approval_id.is_not(None),
+)  # fmt: skip
+Index("events_action_id", events.c.action_id)
+Index(
+    "events_approval_id", events.c.approval_id,
+    sqlite_where=events.c.approval_id.is_not(None),
+    postgresql_where=events.c.approval_id.is_not(None),
+)  # fmt: skip
 
 receipt_chain = Table(
     "receipt_chain",
@@ -267,6 +283,47 @@ def _add_column(element: AddColumn, compiler: DDLCompiler, **kw: Any) -> str:
     return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column), **kw)}"
 
 
+class FillReceiptApprovals(ExecutableDDLElement):
+    """Copy each stored receipt document's ``approval_id`` into its column, for rows written
+    before the column existed; a row whose text is not JSON is left ``NULL``."""
+
+    inherit_cache = False
+
+
+_PG_FILL = """DO $fill$
+DECLARE r record;
+BEGIN
+  BEGIN
+    UPDATE {t} SET approval_id = json::jsonb ->> 'approval_id'
+    WHERE approval_id IS NULL AND position('"approval_id":"' in json) > 0;
+  EXCEPTION WHEN others THEN  -- a row that is not JSON: fill the others one by one
+    FOR r IN SELECT receipt_id, json FROM {t}
+             WHERE approval_id IS NULL AND position('"approval_id":"' in json) > 0 LOOP
+      BEGIN
+        UPDATE {t} SET approval_id = r.json::jsonb ->> 'approval_id'
+        WHERE receipt_id = r.receipt_id;
+      EXCEPTION WHEN others THEN NULL;
+      END;
+    END LOOP;
+  END;
+END $fill$"""
+
+
+@compiles(FillReceiptApprovals, "postgresql")
+def _fill_postgresql(element: FillReceiptApprovals, compiler: DDLCompiler, **kw: Any) -> str:
+    return _PG_FILL.replace("{t}", compiler.preparer.format_table(receipts))
+
+
+@compiles(FillReceiptApprovals)
+def _fill_default(element: FillReceiptApprovals, compiler: DDLCompiler, **kw: Any) -> str:
+    table = compiler.preparer.format_table(receipts)
+    return (
+        f"UPDATE {table} SET approval_id = CASE WHEN json_valid(json) THEN CASE WHEN "
+        "json_type(json, '$.approval_id') = 'text' THEN json_extract(json, '$.approval_id') "
+        "END END WHERE approval_id IS NULL AND instr(json, '\"approval_id\":\"') > 0"
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     """One recorded change: its id (as ``schema_version`` stores it) and its ordered steps."""
@@ -330,6 +387,19 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
         Migration(
             "0004_notifications",
             (CreateTable(notifications), _index(notifications, "notifications_due")),
+        ),
+        Migration(
+            "0005_read_indexes",
+            (
+                _index(receipts, "receipts_action_id"),
+                _index(receipts, "receipts_effect_key"),
+                _index(receipts, "receipts_ts"),
+                AddColumn(receipts.c.approval_id),
+                _index(receipts, "receipts_approval_id"),
+                FillReceiptApprovals(),
+                _index(events, "events_action_id"),
+                _index(events, "events_approval_id"),
+            ),
         ),
     )
 )

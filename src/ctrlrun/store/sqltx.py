@@ -184,7 +184,8 @@ class SQLTx(LedgerRows, TxSteps):
         values.update(zip(("l0", "l1", "l2", "c0", "c1", "c2"), draft.pieces()))
         values.update(_event_binds(rows))
         values.update(receipt_id=draft.receipt_id, action_id=draft.action_id,
-                      effect_key=draft.effect_key, result=draft.result, ts=draft.finished_at)  # fmt: skip
+                      effect_key=draft.effect_key, result=draft.result, ts=draft.finished_at,
+                      approval_id=draft.approval_id)  # fmt: skip
         try:
             returned = self._commits(statement.sql, statement.bind(values)).fetchall()
         except self._unique_error as exc:

@@ -369,7 +369,7 @@ class Statements:
                 select(
                     piece("receipt_id"), piece("action_id"), piece("effect_key"),
                     piece("result"), sealed.c.line, piece("ts"), sealed.c.seq,
-                    sealed.c.prev, sealed.c.hash,
+                    sealed.c.prev, sealed.c.hash, piece("approval_id"),
                 ),
             ).returning(r.c.seq, r.c.hash, r.c.prev_hash).cte("placed")
         )  # fmt: skip
