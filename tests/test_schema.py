@@ -250,9 +250,9 @@ OLD_0004_POSTGRESQL = (
 )
 
 OLD_0005_SQLITE = (
+    "CREATE INDEX effects_created ON effects (created_at, effect_key)",
     "CREATE INDEX receipts_action_id ON receipts (action_id)",
     "CREATE INDEX receipts_effect_key ON receipts (effect_key)",
-    "CREATE INDEX receipts_ts ON receipts (ts)",
     "ALTER TABLE receipts ADD COLUMN approval_id TEXT",
     "CREATE INDEX receipts_approval_id ON receipts (approval_id) WHERE approval_id IS NOT NULL",
     "UPDATE receipts SET approval_id = CASE WHEN json_valid(json) THEN CASE WHEN "
@@ -263,9 +263,9 @@ OLD_0005_SQLITE = (
 )
 
 OLD_0005_POSTGRESQL = (
+    "CREATE INDEX effects_created ON {s}.effects (created_at, effect_key)",
     "CREATE INDEX receipts_action_id ON {s}.receipts (action_id)",
     "CREATE INDEX receipts_effect_key ON {s}.receipts (effect_key)",
-    "CREATE INDEX receipts_ts ON {s}.receipts (ts)",
     f"ALTER TABLE {{s}}.receipts ADD COLUMN approval_id {_C}",
     "CREATE INDEX receipts_approval_id ON {s}.receipts (approval_id) WHERE approval_id IS NOT NULL",
     "UPDATE {s}.receipts SET approval_id = json::jsonb ->> 'approval_id' "

@@ -78,6 +78,39 @@ class Tx(Protocol):
         ...
 
     def head(self) -> tuple[int, str] | None: ...
+
+    # paged and indexed reads (see StoreOps.iter_receipts and friends)
+    def receipts_page(
+        self, after: int | str, limit: int, *, chained: bool = True
+    ) -> list[Receipt | UnreadableReceipt]:
+        """``limit`` receipts after seq ``after`` by seq; ``chained=False``: the unchained ones
+        (no seq) after receipt id ``after`` by id."""
+        ...
+
+    def receipts_tail(self, limit: int, *, chained: bool = True) -> list[Receipt | UnreadableReceipt]:
+        """The last ``limit`` receipts, newest first (by seq, or the unchained ones by id)."""
+        ...
+
+    def receipt_at_or_after(self, seq: int) -> tuple[int, str | None] | None:
+        """``(seq, ts)`` of the first receipt with a seq ``>= seq``, or ``None``."""
+        ...
+
+    def receipts_by(self, column: str, value: str) -> list[Receipt | UnreadableReceipt]:
+        """The receipts whose ``action_id``, ``effect_key`` or ``approval_id`` is ``value``."""
+        ...
+
+    def events_by(self, column: str, value: str) -> list[Event]:
+        """The events whose ``action_id`` or ``approval_id`` is ``value``, by id."""
+        ...
+
+    def effects_page(
+        self, state: EffectState | None, low: str | None, high: str | None,
+        after: tuple[str, str] | None, limit: int,
+    ) -> list[EffectRecord]:  # fmt: skip
+        """``limit`` effects in creation order: of ``state``, keys in ``[low, high)``, after
+        ``(created_at column text, key)``."""
+        ...
+
     def reserve_new(
         self, record: EffectRecord, rows: Sequence[EventRow], *, last: bool = False
     ) -> Sequence[int] | None:

@@ -127,6 +127,7 @@ effects = Table(
     Column("resolved_by", _ID),
 )
 Index("effects_state", effects.c.state)
+Index("effects_created", effects.c.created_at, effects.c.effect_key)  # the listing's order
 
 approvals = Table(
     "approvals",
@@ -185,7 +186,6 @@ receipts = Table(
 )
 Index("receipts_action_id", receipts.c.action_id)
 Index("receipts_effect_key", receipts.c.effect_key)
-Index("receipts_ts", receipts.c.ts)
 Index(
     "receipts_approval_id", receipts.c.approval_id,
     sqlite_where=receipts.c.approval_id.is_not(None),
@@ -391,9 +391,9 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
         Migration(
             "0005_read_indexes",
             (
+                _index(effects, "effects_created"),
                 _index(receipts, "receipts_action_id"),
                 _index(receipts, "receipts_effect_key"),
-                _index(receipts, "receipts_ts"),
                 AddColumn(receipts.c.approval_id),
                 _index(receipts, "receipts_approval_id"),
                 FillReceiptApprovals(),
