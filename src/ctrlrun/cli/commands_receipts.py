@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from datetime import datetime
 from typing import Any
 
 import click
@@ -69,33 +70,74 @@ def _print_report(report: ChainReport, as_json: bool) -> None:
         raise CTRLRunError(f"the receipt chain does not verify ({count} break{'s' * (count != 1)})")
 
 
-@click.command()
-@click.option("--last", type=click.IntRange(min=1), metavar="N", help="Only the last N receipts.")
-@click.option("--json", "as_json", is_flag=True, help="Each stored receipt document as one JSON line.")
-@click.option("--verify-chain", "check_chain", is_flag=True, help="Check the hash chain instead of listing.")
-@store_url_option
-@click.pass_obj
-def receipts(settings: Settings, last: int | None, as_json: bool, check_chain: bool,
-             store_url: str | None) -> None:  # fmt: skip
-    """Show receipts in chain order, or check the chain with --verify-chain."""
-    with open_operator_store(settings, store_url, read_only=True) as store:
-        if check_chain:
-            report = verify_chain(store)
-        else:
-            rows = store.receipts()
-    if check_chain:
-        _print_report(report, as_json)
-        return
-    if not rows:
-        say_prose("no receipts yet", as_json=as_json)
-        return
+class _Moment(click.ParamType):
+    """An ISO-8601 time with its UTC offset (``2026-11-30T09:00:00Z``, ``…+01:00``)."""
+
+    name = "TIME"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            moment = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            moment = None
+        if moment is None or moment.utcoffset() is None:
+            self.fail(f"{value!r} is not an ISO-8601 time with an offset (e.g. "
+                      "2026-11-30T09:00:00Z)", param, ctx)  # fmt: skip
+        return moment
+
+
+def _listing(store: Any, last: int | None, since: datetime | None,
+             from_seq: int | None) -> Iterable[Receipt | UnreadableReceipt]:  # fmt: skip
+    """The rows a listing prints, read a page at a time."""
     if last is not None:
-        rows = rows[-last:]
+        return store.last_receipts(last)
+    if since is not None:
+        return store.iter_receipts_since(since)
+    if from_seq is not None:
+        return (r for r in store.iter_receipts(after_seq=from_seq - 1) if r.seq is not None)
+    return store.iter_receipts()
+
+
+def _print_rows(store: Any, rows: Iterable[Receipt | UnreadableReceipt], as_json: bool,
+                page: bool) -> None:  # fmt: skip
+    """Print each row as it is read; an empty store says so (a page prints its rows only)."""
+    printed = False
     for row in rows:
         if reader_gone():
             return
+        printed = True
         line = _render(row, as_json)
         if as_json:
             say_raw(line)
         else:
             say(line)
+    if not printed and (not page or not store.last_receipts(1)):
+        say_prose("no receipts yet", as_json=as_json)
+
+
+@click.command()
+@click.option("--last", type=click.IntRange(min=1), metavar="N", help="Only the last N receipts.")
+@click.option("--since", type=_Moment(), help="Receipts finished at or after TIME (ISO-8601 with offset).")
+@click.option("--from-seq", "from_seq", type=click.IntRange(min=1), metavar="SEQ",
+              help="Receipts with seq >= SEQ, to the head.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Each stored receipt document as one JSON line.")
+@click.option("--verify-chain", "check_chain", is_flag=True, help="Check the hash chain instead of listing.")
+@store_url_option
+@click.pass_obj
+def receipts(settings: Settings, last: int | None, since: datetime | None, from_seq: int | None,
+             as_json: bool, check_chain: bool, store_url: str | None) -> None:  # fmt: skip
+    """Show receipts in chain order, or check the chain with --verify-chain."""
+    if not check_chain and sum(v is not None for v in (last, since, from_seq)) > 1:
+        raise click.UsageError("give at most one of --last, --since and --from-seq")
+    with open_operator_store(settings, store_url, read_only=True) as store:
+        if check_chain:
+            report = verify_chain(store)
+        else:
+            paged = last is not None or since is not None or from_seq is not None
+            _print_rows(store, _listing(store, last, since, from_seq), as_json, paged)
+            return
+    if check_chain:
+        _print_report(report, as_json)
+        return

@@ -221,7 +221,7 @@ def ambiguous_effects(store: StateStore) -> list[dict[str, Any]]:
         "attempt": record.attempt,
         "updated_at": format_ts(record.updated_at),
         "error": safe(record.error) if record.error else "",
-    } for record in store.list_effects(EffectState.AMBIGUOUS)]  # fmt: skip
+    } for record in store.iter_effects(EffectState.AMBIGUOUS)]  # fmt: skip
 
 
 def _receipt_row(row: Receipt | UnreadableReceipt) -> dict[str, Any]:
