@@ -105,10 +105,10 @@ class StateStore(Protocol):
         ...
 
     def receipts_for(
-        self, *, action_id: str | None = None, effect_key: str | None = None,
-        approval_id: str | None = None,
+        self, *, receipt_id: str | None = None, action_id: str | None = None,
+        effect_key: str | None = None, approval_id: str | None = None,
     ) -> tuple[Receipt | UnreadableReceipt, ...]:  # fmt: skip
-        """The receipts of one action, effect key or request, by index."""
+        """One receipt by id, or those of one action, effect key or request, by index."""
         ...
 
     def events_for(

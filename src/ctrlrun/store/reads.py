@@ -18,7 +18,7 @@ __all__ = ["PAGE", "ReadOps", "prefix_end"]
 T = TypeVar("T")
 PAGE = 500  # rows per read: small enough to hold, large enough that round trips do not dominate
 Row = Receipt | UnreadableReceipt
-_RECEIPT_LOOKUPS = ("action_id", "effect_key", "approval_id")
+_RECEIPT_LOOKUPS = ("receipt_id", "action_id", "effect_key", "approval_id")
 _EVENT_LOOKUPS = ("action_id", "approval_id")
 
 
@@ -120,12 +120,13 @@ class ReadOps:
                 yield row
 
     def receipts_for(
-        self, *, action_id: str | None = None, effect_key: str | None = None,
-        approval_id: str | None = None,
+        self, *, receipt_id: str | None = None, action_id: str | None = None,
+        effect_key: str | None = None, approval_id: str | None = None,
     ) -> tuple[Row, ...]:  # fmt: skip
-        """The receipts of one action, one effect key or one approval request (by its index)."""
-        column, value = _one_of(_RECEIPT_LOOKUPS, action_id=action_id, effect_key=effect_key,
-                                approval_id=approval_id)  # fmt: skip
+        """One receipt by id, or the receipts of one action, effect key or approval request, in
+        chain order (each by its index)."""
+        column, value = _one_of(_RECEIPT_LOOKUPS, receipt_id=receipt_id, action_id=action_id,
+                                effect_key=effect_key, approval_id=approval_id)  # fmt: skip
         return tuple(self._read(lambda tx, now: tx.receipts_by(column, value)))
 
     def events_for(

@@ -96,7 +96,8 @@ class Tx(Protocol):
         ...
 
     def receipts_by(self, column: str, value: str) -> list[Receipt | UnreadableReceipt]:
-        """The receipts whose ``action_id``, ``effect_key`` or ``approval_id`` is ``value``."""
+        """The receipts whose ``receipt_id``, ``action_id``, ``effect_key`` or ``approval_id``
+        is ``value``, in chain order."""
         ...
 
     def events_by(self, column: str, value: str) -> list[Event]:
