@@ -10,6 +10,7 @@ import click
 
 from ..errors import CTRLRunError
 from ..receipt import ChainReport, Receipt, UnreadableReceipt, verify_chain
+from ..store import StateStore
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
 
@@ -70,7 +71,7 @@ def _print_report(report: ChainReport, as_json: bool) -> None:
         raise CTRLRunError(f"the receipt chain does not verify ({count} break{'s' * (count != 1)})")
 
 
-class _Moment(click.ParamType):
+class _Moment(click.ParamType):  # type: ignore[type-arg]
     """An ISO-8601 time with its UTC offset (``2026-11-30T09:00:00Z``, ``…+01:00``)."""
 
     name = "TIME"
@@ -88,7 +89,7 @@ class _Moment(click.ParamType):
         return moment
 
 
-def _listing(store: Any, last: int | None, since: datetime | None,
+def _listing(store: StateStore, last: int | None, since: datetime | None,
              from_seq: int | None) -> Iterable[Receipt | UnreadableReceipt]:  # fmt: skip
     """The rows a listing prints, read a page at a time."""
     if last is not None:

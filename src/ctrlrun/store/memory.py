@@ -118,12 +118,6 @@ class _MemoryTx(TxSteps):
         self._effects[expected.effect_key] = {**row, **finished}
         return True
 
-    def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
-        rows = {**self._data.effects, **self._effects}.values()
-        chosen = [r for r in rows if state is None or r["state"] == state.value]
-        chosen.sort(key=lambda r: (r["created_at"], r["effect_key"]))
-        return [codec.effect_from_row(r) for r in chosen]
-
     # approvals
     def _approval_row(self, approval_id: str) -> Row | None:
         return self._approvals.get(approval_id, self._data.approvals.get(approval_id))

@@ -66,11 +66,6 @@ class SQLTx(LedgerRows, TxSteps):
         values = _finish_values(expected, record)
         return bool(self._run(self.sql.finish_effect.sql, values).rowcount == 1)
 
-    def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
-        statement = self.sql.list_effects(state is not None)
-        rows = self._go(statement, {"state": state.value if state else None}).fetchall()
-        return [codec.effect_from_row(dict(zip(EFFECT_COLUMNS, r))) for r in rows]
-
     # approvals
     def approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._run(self.sql.approval.sql, (approval_id,)).fetchone()

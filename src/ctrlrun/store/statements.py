@@ -198,14 +198,6 @@ class Statements:
             ).values(_binds(FINISH_COLUMNS))
         )  # fmt: skip
 
-    def list_effects(self, with_state: bool) -> Compiled:
-        def build() -> Any:
-            e = self.effects
-            query = select(*e.c).order_by(e.c.created_at, e.c.effect_key)
-            return query.where(e.c.state == bindparam("state")) if with_state else query
-
-        return self._cached(("effects", with_state), build)
-
     # -- approvals
 
     def find_approvals(
