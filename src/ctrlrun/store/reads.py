@@ -12,6 +12,7 @@ from ..effect import EffectRecord, EffectState
 from ..errors import InvalidArgument
 from ..receipt import Event, Receipt, UnreadableReceipt
 from .rows import Tx
+from .steps import _effect_state
 
 __all__ = ["PAGE", "ReadOps", "prefix_end"]
 
@@ -145,7 +146,7 @@ class ReadOps:
         """Effect records in creation order (``created_at``, then key): of ``state``, whose key
         starts with ``key_prefix`` (a literal prefix: no character is a wildcard), at most
         ``limit``; read a page at a time."""
-        wanted = _state(state)
+        wanted = _effect_state(state)
         if key_prefix is not None and not isinstance(key_prefix, str):
             raise InvalidArgument(f"key_prefix must be a string or None, got {key_prefix!r}")
         low = key_prefix or None
@@ -182,12 +183,3 @@ def _one_of(allowed: tuple[str, ...], **given: str | None) -> tuple[str, str]:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(f"{name} must be a non-empty string, got {value!r}")
     return name, value
-
-
-def _state(state: Any) -> EffectState | None:
-    if state is None:
-        return None
-    try:
-        return EffectState(state)
-    except ValueError:
-        raise InvalidArgument(f"unknown effect state {state!r}") from None

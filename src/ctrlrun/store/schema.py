@@ -100,6 +100,12 @@ def _key(name: str, type_: Any, *constraints: CheckConstraint) -> Column[Any]:
     return Column(name, type_, *constraints, primary_key=True, nullable=True, autoincrement=False)
 
 
+def _where_set(name: str, column: Column[Any]) -> Index:
+    """A partial index over the rows where ``column`` is set: a row without it costs no write."""
+    where = column.is_not(None)
+    return Index(name, column, sqlite_where=where, postgresql_where=where)
+
+
 # --------------------------------------------------------------------------- the tables
 
 metadata = MetaData()
@@ -186,17 +192,9 @@ receipts = Table(
 )
 Index("receipts_action_id", receipts.c.action_id)
 Index("receipts_effect_key", receipts.c.effect_key)
-Index(
-    "receipts_approval_id", receipts.c.approval_id,
-    sqlite_where=receipts.c.approval_id.is_not(None),
-    postgresql_where=receipts.c.approval_id.is_not(None),
-)  # fmt: skip
+_where_set("receipts_approval_id", receipts.c.approval_id)
 Index("events_action_id", events.c.action_id)
-Index(
-    "events_approval_id", events.c.approval_id,
-    sqlite_where=events.c.approval_id.is_not(None),
-    postgresql_where=events.c.approval_id.is_not(None),
-)  # fmt: skip
+_where_set("events_approval_id", events.c.approval_id)
 
 receipt_chain = Table(
     "receipt_chain",
