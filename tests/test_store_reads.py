@@ -184,3 +184,22 @@ def test_iterating_a_large_sqlite_store_stays_in_bounded_memory(tmp_path, clock)
         store.close()
     assert count == 20001
     assert peak < 8_000_000  # a page of rows, not 20,000 (the whole table is ~40 MB as objects)
+
+
+def test_every_paged_and_indexed_read_searches_an_index_on_sqlite(tmp_path):
+    store = SQLiteStateStore(tmp_path / "plan.db")
+    sql = store._statements
+    statements = [
+        sql.receipts_page(True), sql.receipts_page(False), sql.receipts_tail(True),
+        sql.receipts_tail(False), sql.receipt_at_or_after(), sql.events_by("action_id"),
+        sql.events_by("approval_id"), sql.effects_page(False, False, False, True),
+        sql.effects_page(True, False, False, True), sql.effects_page(False, True, True, False),
+        *(sql.receipts_by(c) for c in ("receipt_id", "action_id", "effect_key", "approval_id")),
+    ]  # fmt: skip
+    store.close()
+    with sqlite3.connect(tmp_path / "plan.db") as conn:
+        for statement in statements:
+            plan = conn.execute("EXPLAIN QUERY PLAN " + statement.sql, [None] * len(statement.names))
+            steps = [row[3] for row in plan]
+            assert steps[0].startswith("SEARCH") and "USING" in steps[0], (statement.sql, steps)
+            assert not any(step.startswith("SCAN") for step in steps), (statement.sql, steps)
