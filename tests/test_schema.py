@@ -249,6 +249,31 @@ OLD_0004_POSTGRESQL = (
     "CREATE INDEX notifications_due ON {s}.notifications (next_attempt_at)",
 )
 
+OLD_0005_SQLITE = (
+    "CREATE INDEX effects_created ON effects (created_at, effect_key)",
+    "CREATE INDEX receipts_action_id ON receipts (action_id)",
+    "CREATE INDEX receipts_effect_key ON receipts (effect_key)",
+    "ALTER TABLE receipts ADD COLUMN approval_id TEXT",
+    "CREATE INDEX receipts_approval_id ON receipts (approval_id) WHERE approval_id IS NOT NULL",
+    "UPDATE receipts SET approval_id = CASE WHEN json_valid(json) THEN CASE WHEN "
+    "json_type(json, '$.approval_id') = 'text' THEN json_extract(json, '$.approval_id') "
+    "END END WHERE approval_id IS NULL AND instr(json, '\"approval_id\":\"') > 0",
+    "CREATE INDEX events_action_id ON events (action_id)",
+    "CREATE INDEX events_approval_id ON events (approval_id) WHERE approval_id IS NOT NULL",
+)
+
+OLD_0005_POSTGRESQL = (
+    "CREATE INDEX effects_created ON {s}.effects (created_at, effect_key)",
+    "CREATE INDEX receipts_action_id ON {s}.receipts (action_id)",
+    "CREATE INDEX receipts_effect_key ON {s}.receipts (effect_key)",
+    f"ALTER TABLE {{s}}.receipts ADD COLUMN approval_id {_C}",
+    "CREATE INDEX receipts_approval_id ON {s}.receipts (approval_id) WHERE approval_id IS NOT NULL",
+    "UPDATE {s}.receipts SET approval_id = json::jsonb ->> 'approval_id' "
+    "WHERE approval_id IS NULL AND position('\"approval_id\":\"' in json) > 0",
+    "CREATE INDEX events_action_id ON {s}.events (action_id)",
+    "CREATE INDEX events_approval_id ON {s}.events (approval_id) WHERE approval_id IS NOT NULL",
+)
+
 OLD_0006_SQLITE = (
     """CREATE TABLE verified_mark (
         id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -274,6 +299,7 @@ OLD_MIGRATIONS = {
         ),
         "0003_authority": OLD_0003_SQLITE,
         "0004_notifications": OLD_0004_SQLITE,
+        "0005_read_indexes": OLD_0005_SQLITE,
         "0006_verified_mark": OLD_0006_SQLITE,
     },
     "postgresql": {
@@ -284,6 +310,7 @@ OLD_MIGRATIONS = {
         ),
         "0003_authority": OLD_0003_POSTGRESQL,
         "0004_notifications": OLD_0004_POSTGRESQL,
+        "0005_read_indexes": OLD_0005_POSTGRESQL,
         "0006_verified_mark": OLD_0006_POSTGRESQL,
     },
 }
@@ -322,6 +349,7 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
     assert indexes == Counter(i.name for t in data for i in t.indexes)
     assert MIGRATIONS == (
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
+        "0005_read_indexes",
         "0006_verified_mark",
     )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
@@ -713,3 +741,45 @@ def test_postgres_0003_schema_upgraded_by_the_generated_0004_works(pg_url, two_p
     old_catalog.pop("seed"), new_catalog.pop("seed")
     assert old_catalog == new_catalog
     assert any(r[0] == "notifications" for r in new_catalog["columns"])
+
+
+# --------------------------------------------------------------------------- 0005: approval_id filled
+
+_APPROVED = '{"receipt_id":"ctr_a","arguments":{"approval_id":"apr_fake"},"approval_id":"apr_1"}'
+_OLD_RECEIPTS = (
+    ("ctr_a", _APPROVED, 1),
+    ("ctr_b", '{"receipt_id":"ctr_b","approval_id":null}', 2),
+    ("ctr_c", 'not json "approval_id":"apr_x"', 3),  # unreadable: left NULL, the rest filled
+)
+
+
+def _insert_old_receipts(table: str) -> list[str]:
+    return [
+        f"INSERT INTO {table} (receipt_id, json, seq) VALUES "
+        f"('{rid}', '{text}', {seq})"
+        for rid, text, seq in _OLD_RECEIPTS
+    ]
+
+
+def test_sqlite_0004_store_gets_its_receipts_approval_ids_filled(tmp_path, clock):
+    old = tmp_path / "old.db"
+    make_old_sqlite(old, MIGRATIONS[:4])
+    with sqlite3.connect(old) as conn:
+        for statement in _insert_old_receipts("receipts"):
+            conn.execute(statement)
+    SQLiteStateStore(old, clock=clock).close()  # applies 0005
+    with sqlite3.connect(old) as conn:
+        rows = conn.execute("SELECT receipt_id, approval_id FROM receipts ORDER BY seq").fetchall()
+    assert rows == [("ctr_a", "apr_1"), ("ctr_b", None), ("ctr_c", None)]
+
+
+@pytest.mark.postgres
+def test_postgres_0004_schema_gets_its_receipts_approval_ids_filled(pg_url, two_pg_schemas, clock):
+    from ctrlrun.postgres import PostgresStateStore
+
+    old = two_pg_schemas[1]
+    pg_run(pg_url, *old_statements("postgresql", MIGRATIONS[:4], old),
+           *_insert_old_receipts(f'"{old}".receipts'))  # fmt: skip
+    PostgresStateStore(pg_url, schema=old, clock=clock).close()  # applies 0005
+    rows = pg_rows(pg_url, f'SELECT receipt_id, approval_id FROM "{old}".receipts ORDER BY seq')
+    assert [tuple(r) for r in rows] == [("ctr_a", "apr_1"), ("ctr_b", None), ("ctr_c", None)]

@@ -43,11 +43,12 @@ class ReceiptDraft:
     """
 
     __slots__ = ("values", "formats", "receipt_id", "action_id", "effect_key", "result",
-                 "finished_at", "line", "hash")  # fmt: skip
+                 "finished_at", "approval_id", "line", "hash")  # fmt: skip
 
     def __init__(
         self, values: dict[str, str], formats: tuple[str, str], *, receipt_id: str,
         action_id: str, effect_key: str | None, result: str, finished_at: str,
+        approval_id: str | None = None,
     ) -> None:  # fmt: skip
         self.values = values
         self.formats = formats
@@ -56,6 +57,7 @@ class ReceiptDraft:
         self.effect_key = effect_key
         self.result = result
         self.finished_at = finished_at
+        self.approval_id = approval_id
         self.line: str | None = None
         self.hash: str | None = None
 

@@ -183,12 +183,29 @@ def _budgets_of(control: Control, grant_id: str) -> Any:
 
 
 @click.command()
-@click.option("--grant", "grant_id", required=True, metavar="ID", help="The grant (root id or dlg_ id).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object.")
+@click.argument("ident", metavar="[ID]", required=False)
+@click.option("--grant", "grant_id", metavar="ID", help="The grant (root id or dlg_ id).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @store_url_option
 @click.pass_obj
-def inspect(settings: Settings, grant_id: str, as_json: bool, store_url: str | None) -> None:
-    """What a grant's budgets have consumed in their windows, and which effects hold it."""
+def inspect(settings: Settings, ident: str | None, grant_id: str | None, as_json: bool,
+            store_url: str | None) -> None:  # fmt: skip
+    """One action's story by ID (an act_, apr_ or ctr_ id, or an effect key), or with --grant
+    what a grant's budgets have consumed and which effects hold it."""
+    if (ident is None) == (grant_id is None):
+        raise click.UsageError("give exactly one of ID or --grant ID")
+    if ident is not None:
+        from .inspecting import inspect_story, print_story
+
+        with open_operator_store(settings, store_url, read_only=True) as store:
+            documents = inspect_story(store, ident)
+        print_story(documents, as_json)
+        return
+    _inspect_grant(settings, grant_id, as_json, store_url)
+
+
+def _inspect_grant(settings: Settings, grant_id: Any, as_json: bool, store_url: str | None) -> None:
+    """``inspect --grant``: the budgets' consumption in their windows and who holds it."""
     policy = Policy.from_file(policy_path())
     observe_banner(policy)
     now = settings.clock()

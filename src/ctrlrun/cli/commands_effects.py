@@ -17,7 +17,9 @@ from .commands_approvals import CLI_ANSWERER
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
 
-__all__ = ["effects", "resolve", "resolve_ambiguous"]
+__all__ = ["DEFAULT_LIMIT", "effects", "resolve", "resolve_ambiguous"]
+
+DEFAULT_LIMIT = 100  # effects a listing prints without --limit or --all
 
 
 @click.command()
@@ -97,39 +99,49 @@ def _effect_document(record: EffectRecord, now: datetime) -> dict[str, Any]:
 @click.command()
 @click.option("--state", "state", type=click.Choice([s.value for s in EffectState]),
               help="Only effects in this state.")  # fmt: skip
+@click.option("--key-prefix", "key_prefix", metavar="P", help="Only keys starting with P (literally).")
+@click.option("--limit", type=click.IntRange(min=1), metavar="N",
+              help=f"At most N effects (default {DEFAULT_LIMIT}).")  # fmt: skip
+@click.option("--all", "every", is_flag=True, help="Every matching effect, streamed.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per effect, one per line.")
 @store_url_option
 @click.pass_obj
-def effects(settings: Settings, state: str | None, as_json: bool, store_url: str | None) -> None:
-    """List effect records in creation order."""
-    with open_operator_store(settings, store_url, read_only=True) as store:
-        records = () if state == EffectState.NEW.value else store.list_effects(state)
-        held = _unreleased(store) if records else {}
-    if not records:
-        say_prose("no effects yet" if state is None else f"no effects are {state}", as_json=as_json)
-        return
+def effects(settings: Settings, state: str | None, key_prefix: str | None, limit: int | None,
+            every: bool, as_json: bool, store_url: str | None) -> None:  # fmt: skip
+    """List effect records in creation order, a page of 100 unless --limit or --all."""
+    if every and limit is not None:
+        raise click.UsageError("give --limit N or --all, not both")
     now = settings.clock()
-    for record in records:
-        if reader_gone():
-            return
-        charges = held.get(record.effect_key, [])
-        if as_json:
-            document = _effect_document(record, now)
-            document["budget_charges"] = [
-                {"grant_id": c.grant_id, "metric": c.metric, "amount": c.amount} for c in charges
-            ]
-            say_raw(compact_json(document))
+    with open_operator_store(settings, store_url, read_only=True) as store:
+        if state == EffectState.NEW.value:
+            records: Any = iter(())
         else:
-            say(_effect_line(record, now) + _charges_text(record, charges))
+            records = store.iter_effects(state, key_prefix, None if every else limit or DEFAULT_LIMIT)
+        printed = False
+        for record in records:
+            if reader_gone():
+                return
+            printed = True
+            _print_effect(store, record, now, as_json)
+    if not printed:
+        if key_prefix:
+            empty = f"no effects{'' if state is None else ' ' + state} with keys starting {key_prefix!r}"
+        else:
+            empty = "no effects yet" if state is None else f"no effects are {state}"
+        say_prose(empty, as_json=as_json)
 
 
-def _unreleased(store: Any) -> dict[str, list[Consumption]]:
-    """Each effect key's un-released budget charges, in ledger order."""
-    held: dict[str, list[Consumption]] = {}
-    for row in store.consumptions():
-        if row.released_at is None:
-            held.setdefault(row.effect_key, []).append(row)
-    return held
+def _print_effect(store: Any, record: EffectRecord, now: datetime, as_json: bool) -> None:
+    """One effect's line (or JSON document), with the budget charges it holds."""
+    charges = [c for c in store.consumptions(effect_key=record.effect_key) if c.released_at is None]
+    if as_json:
+        document = _effect_document(record, now)
+        document["budget_charges"] = [
+            {"grant_id": c.grant_id, "metric": c.metric, "amount": c.amount} for c in charges
+        ]
+        say_raw(compact_json(document))
+    else:
+        say(_effect_line(record, now) + _charges_text(record, charges))
 
 
 def _charges_text(record: EffectRecord, charges: list[Consumption]) -> str:

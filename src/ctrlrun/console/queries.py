@@ -94,31 +94,29 @@ def _row(record: ApprovalRecord, key: str | None, state: str | None) -> dict[str
 
 def pending_rows(store: StateStore) -> list[dict[str, Any]]:
     """The queue, oldest first: pending, unexpired requests with their effect key and its state."""
-    records = store.pending_approvals()
-    if not records:
-        return []
-    keys = effect_keys(_events(store))
     rows = []
-    for record in records:
-        key = keys.get(record.approval_id)
+    for record in store.pending_approvals():
+        key = _request_key(store, record.approval_id)
         rows.append(_row(record, key, effect_state(store, key)))
     return rows
 
 
 def api_pending(store: StateStore) -> list[dict[str, Any]]:
     """The queue as ``pending --json`` documents, with the request's own effect key and its state."""
-    records = store.pending_approvals()
-    keys = effect_keys(_events(store)) if records else {}
     documents = []
-    for record in records:
-        key = keys.get(record.approval_id)
+    for record in store.pending_approvals():
+        key = _request_key(store, record.approval_id)
         documents.append(_pending_document(record, key, effect_state(store, key)))
     return documents
 
 
-def _events(store: StateStore) -> Sequence[Event]:
-    events: Sequence[Event] = getattr(store, "events")()
-    return events
+def _events(store: StateStore, request_id: str) -> Sequence[Event]:
+    """One request's events, by the events' approval id index."""
+    return store.events_for(approval_id=request_id)
+
+
+def _request_key(store: StateStore, request_id: str) -> str | None:
+    return effect_keys(_events(store, request_id)).get(request_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +138,7 @@ class Decision:
 
 def decision_of(store: StateStore, record: ApprovalRecord) -> Decision:
     """The answer that closed ``record``, from its answer event (else the record itself)."""
-    answers = [e for e in _events(store) if e.approval_id == record.approval_id and e.type in _ANSWERS]
+    answers = [e for e in _events(store, record.approval_id) if e.type in _ANSWERS]
     if answers:
         last = answers[-1]
         approver = last.data.get("approver")
@@ -183,10 +181,10 @@ def request_view(store: StateStore, request_id: str, now: datetime) -> RequestVi
     record = store.get_approval(request_id)
     if record is None:
         return None
-    events = _events(store)
     action = record.request.action
-    mine = [e for e in events if e.approval_id == request_id and e.type.value in _HISTORY]
-    evaluated = [e for e in events if e.action_id == action.action_id and e.type is EventType.POLICY_EVALUATED]
+    mine = [e for e in _events(store, request_id) if e.type.value in _HISTORY]
+    evaluated = [e for e in store.events_for(action_id=action.action_id)
+                 if e.type is EventType.POLICY_EVALUATED]  # fmt: skip
     reason = evaluated[-1].data.get("reason") if evaluated else None
     key = effect_keys(mine).get(request_id)
     state = effect_state(store, key)
@@ -221,7 +219,7 @@ def ambiguous_effects(store: StateStore) -> list[dict[str, Any]]:
         "attempt": record.attempt,
         "updated_at": format_ts(record.updated_at),
         "error": safe(record.error) if record.error else "",
-    } for record in store.list_effects(EffectState.AMBIGUOUS)]  # fmt: skip
+    } for record in store.iter_effects(EffectState.AMBIGUOUS)]  # fmt: skip
 
 
 def _receipt_row(row: Receipt | UnreadableReceipt) -> dict[str, Any]:
@@ -243,5 +241,5 @@ def _receipt_row(row: Receipt | UnreadableReceipt) -> dict[str, Any]:
 def receipts_view(store: StateStore, limit: int = 100) -> tuple[list[dict[str, Any]], ChainReport]:
     """The most recent receipts (newest first) and the whole chain's verification."""
     report = verify_chain(store)
-    rows = list(store.receipts())[-limit:]
+    rows = store.last_receipts(limit)
     return [_receipt_row(row) for row in reversed(rows)], report

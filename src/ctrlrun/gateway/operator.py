@@ -237,7 +237,7 @@ def build_server(store: StateStore, *, clock: Callable[[], datetime] = utc_now) 
         """The effects whose outcome is unknown (AMBIGUOUS), waiting for a human to settle them."""
 
         def read() -> CallToolResult:
-            records = store.list_effects(EffectState.AMBIGUOUS)
+            records = tuple(store.iter_effects(EffectState.AMBIGUOUS))
             names = _action_names(store, {r.action_id for r in records}) if records else {}
             shown = [_effect_document(r, names.get(r.action_id)) for r in records]
             head = f"{len(shown)} ambiguous effect(s)"

@@ -7,7 +7,7 @@ store also has the rest of the store API (the single effect transitions, the app
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -30,7 +30,9 @@ class StateStore(Protocol):
     key spends its approval with ``consume_approval``, a reconcile hook settles an effect with
     ``resolve_effect``, and an attempt refused by its ceiling is released with ``fail_effect``. The approval providers ask and answer with ``put_approval_request``,
     ``get_approval``, ``grant_approval`` and ``deny_approval``. The operator commands list
-    (``pending_approvals``, ``list_effects``, ``receipts``, ``chain_head`` to verify the chain),
+    a page at a time (``pending_approvals``, ``iter_effects``, ``iter_receipts``,
+    ``last_receipts``, ``iter_receipts_since``; ``receipts`` and ``chain_head`` to verify the
+    chain), look one story up by index for ``inspect`` (``receipts_for``, ``events_for``),
     answer and resolve (each answer writing its event in its own transaction, ``events=``), and
     ``close`` the store. Authority keeps its delegations here (``put_delegation``,
     ``get_delegation``, ``delegations``, ``delegations_for``, ``revoke_delegation``), charges
@@ -52,7 +54,12 @@ class StateStore(Protocol):
 
     def get_effect(self, effect_key: str) -> EffectRecord | None: ...
 
-    def list_effects(self, state: EffectState | str | None = None) -> tuple[EffectRecord, ...]: ...
+    def iter_effects(
+        self, state: EffectState | str | None = None, key_prefix: str | None = None,
+        limit: int | None = None, *, page: int = ...,
+    ) -> Iterator[EffectRecord]:  # fmt: skip
+        """Effect records in creation order, a page at a time (``key_prefix`` literal)."""
+        ...
 
     # approvals
     def put_approval_request(self, request: ApprovalRequest) -> None: ...
@@ -77,7 +84,38 @@ class StateStore(Protocol):
     def pending_approvals(self, limit: int | None = None) -> tuple[ApprovalRecord, ...]: ...
 
     # evidence
-    def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]: ...
+    def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]:
+        """Every receipt in chain order: O(store) (``iter_receipts`` streams)."""
+        ...
+
+    def iter_receipts(
+        self, after_seq: int = 0, limit: int | None = None, *, page: int = ...
+    ) -> Iterator[Receipt | UnreadableReceipt]:
+        """Receipts with ``seq > after_seq`` in chain order, a page at a time."""
+        ...
+
+    def last_receipts(self, n: int) -> list[Receipt | UnreadableReceipt]:
+        """The last ``n`` receipts, in chain order."""
+        ...
+
+    def iter_receipts_since(
+        self, moment: datetime, *, page: int = ...
+    ) -> Iterator[Receipt | UnreadableReceipt]:
+        """Receipts finished at or after ``moment``, in chain order."""
+        ...
+
+    def receipts_for(
+        self, *, receipt_id: str | None = None, action_id: str | None = None,
+        effect_key: str | None = None, approval_id: str | None = None,
+    ) -> tuple[Receipt | UnreadableReceipt, ...]:  # fmt: skip
+        """One receipt by id, or those of one action, effect key or request, by index."""
+        ...
+
+    def events_for(
+        self, *, action_id: str | None = None, approval_id: str | None = None
+    ) -> tuple[Event, ...]:
+        """The events of one action or request, by index."""
+        ...
 
     def chain_head(self) -> tuple[int, str] | None: ...
 

@@ -278,11 +278,12 @@ def draft_row(draft: ReceiptDraft) -> tuple[Any, ...]:
         int(draft.values["seq"]),
         draft.values["prev_hash"][1:-1],
         draft.hash,
+        draft.approval_id,
     )
 
 
 RECEIPT_ROW = ("receipt_id", "action_id", "effect_key", "result", "json", "ts", "seq",
-                "prev_hash", "hash")  # fmt: skip
+                "prev_hash", "hash", "approval_id")  # fmt: skip
 
 
 def event_from_row(row: Mapping[str, Any]) -> Event:
@@ -336,6 +337,7 @@ def receipt_to_row(receipt: Receipt, document: dict[str, Any] | None = None) -> 
         "seq": receipt.seq,
         "prev_hash": receipt.prev_hash,
         "hash": receipt.hash,
+        "approval_id": _free_text(receipt.approval_id, "receipt approval_id"),
     }
 
 

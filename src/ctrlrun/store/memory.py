@@ -118,12 +118,6 @@ class _MemoryTx(TxSteps):
         self._effects[expected.effect_key] = {**row, **finished}
         return True
 
-    def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
-        rows = {**self._data.effects, **self._effects}.values()
-        chosen = [r for r in rows if state is None or r["state"] == state.value]
-        chosen.sort(key=lambda r: (r["created_at"], r["effect_key"]))
-        return [codec.effect_from_row(r) for r in chosen]
-
     # approvals
     def _approval_row(self, approval_id: str) -> Row | None:
         return self._approvals.get(approval_id, self._data.approvals.get(approval_id))
@@ -212,6 +206,54 @@ class _MemoryTx(TxSteps):
 
     def head(self) -> tuple[int, str] | None:
         return self._head
+
+    # paged and indexed reads: the same answers as the SQL stores' indexes give
+    def _receipt_rows(self) -> list[Row]:
+        return list({**self._data.receipts, **self._receipts}.values())
+
+    def receipts_page(
+        self, after: int | str, limit: int, *, chained: bool = True
+    ) -> list[Receipt | UnreadableReceipt]:
+        if chained:
+            rows = sorted((r for r in self._receipt_rows() if r["seq"] is not None and r["seq"] > after),
+                          key=lambda r: r["seq"])  # fmt: skip
+        else:
+            rows = sorted((r for r in self._receipt_rows() if r["seq"] is None and r["receipt_id"] > after),
+                          key=lambda r: r["receipt_id"])  # fmt: skip
+        return [codec.receipt_from_row(r) for r in rows[:limit]]
+
+    def receipts_tail(self, limit: int, *, chained: bool = True) -> list[Receipt | UnreadableReceipt]:
+        rows = [r for r in self._receipt_rows() if (r["seq"] is not None) == chained]
+        rows.sort(key=lambda r: r["seq"] if chained else r["receipt_id"], reverse=True)
+        return [codec.receipt_from_row(r) for r in rows[:limit]]
+
+    def receipt_at_or_after(self, seq: int) -> tuple[int, str | None] | None:
+        rows = [r for r in self._receipt_rows() if r["seq"] is not None and r["seq"] >= seq]
+        first = min(rows, key=lambda r: r["seq"], default=None)
+        return None if first is None else (first["seq"], first["ts"])
+
+    def receipts_by(self, column: str, value: str) -> list[Receipt | UnreadableReceipt]:
+        rows = [r for r in self._receipt_rows() if r[column] == value]
+        rows.sort(key=lambda r: (r["seq"] is not None, r["seq"] or 0, r["receipt_id"]))
+        return [codec.receipt_from_row(r) for r in rows]
+
+    def events_by(self, column: str, value: str) -> list[Event]:
+        index = ("action_id", "effect_key", "approval_id").index(column) + 3  # (id, ts, type, …)
+        rows = [r for r in [*self._data.events, *self._events] if r[index] == value]
+        return [event_from_row(r[1:], r[0]) for r in rows]
+
+    def effects_page(
+        self, state: EffectState | None, low: str | None, high: str | None,
+        after: tuple[str, str] | None, limit: int,
+    ) -> list[EffectRecord]:  # fmt: skip
+        rows = [
+            r for r in {**self._data.effects, **self._effects}.values()
+            if (state is None or r["state"] == state.value)
+            and (low is None or r["effect_key"] >= low) and (high is None or r["effect_key"] < high)
+            and (after is None or (r["created_at"], r["effect_key"]) > after)
+        ]  # fmt: skip
+        rows.sort(key=lambda r: (r["created_at"], r["effect_key"]))
+        return [codec.effect_from_row(r) for r in rows[:limit]]
 
     # the budget ledger (the store's lock serializes every writer already)
     def lock_budgets(self, budgets: Sequence[tuple[str, str]]) -> None:

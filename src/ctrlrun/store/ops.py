@@ -43,6 +43,7 @@ from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
 from .ledger import charge, check_charges
 from .ledgerops import LedgerOps
+from .reads import ReadOps
 from .rows import KeptWrite, Tx, TxSteps
 from .settle import Landed, finish_landed
 
@@ -72,7 +73,7 @@ from .steps import (  # noqa: F401  (the shared steps, written once)
 # --------------------------------------------------------------------------- the store API
 
 
-class StoreOps(LedgerOps):
+class StoreOps(ReadOps, LedgerOps):
     """The whole store API over ``_write``/``_read``, which a backend implements.
 
     Beyond the ``StateStore`` protocol it offers what only tests, benchmarks and tools call: the
@@ -81,7 +82,9 @@ class StoreOps(LedgerOps):
     finders (``approvals_for``, ``find_granted_approval``, ``find_denied_request``), ``events``,
     ``append_event``,
     ``put_receipt`` and ``transactions`` (write transactions so far). Delegations and the
-    budget ledger come from ``LedgerOps``.
+    budget ledger come from ``LedgerOps``; the paged and indexed reads (``iter_receipts``,
+    ``last_receipts``, ``iter_effects``, ``receipts_for``, ``events_for``…) from ``ReadOps``.
+    ``receipts()``, ``events()`` and ``list_effects()`` read the whole table: O(store).
     """
 
     def __init__(self, *, clock: Callable[[], datetime] = utc_now) -> None:
@@ -216,8 +219,8 @@ class StoreOps(LedgerOps):
         return self._read(lambda tx, now: tx.effect(effect_key))
 
     def list_effects(self, state: EffectState | str | None = None) -> tuple[EffectRecord, ...]:
-        wanted = _effect_state(state)
-        return tuple(self._read(lambda tx, now: tx.list_effects(wanted)))
+        """Every effect (of ``state``) in creation order: O(store); ``iter_effects`` pages."""
+        return tuple(self.iter_effects(state))
 
     # -- approvals
 
@@ -319,6 +322,7 @@ class StoreOps(LedgerOps):
         return self._write(_append_one(event))
 
     def events(self) -> tuple[Event, ...]:
+        """Every event: O(store); ``events_for`` reads one action's or request's by index."""
         return tuple(self._read(lambda tx, now: tx.list_events()))
 
     def put_receipt(self, receipt: Receipt) -> Receipt:
@@ -327,7 +331,9 @@ class StoreOps(LedgerOps):
         return stored
 
     def receipts(self) -> tuple[Receipt | UnreadableReceipt, ...]:
-        return tuple(self._read(lambda tx, now: tx.list_receipts()))
+        """Every receipt in chain order: O(store); ``iter_receipts`` streams them a page at a
+        time, ``last_receipts`` reads the tail."""
+        return tuple(self.iter_receipts())
 
     def chain_head(self) -> tuple[int, str] | None:
         return self._read(lambda tx, now: tx.head())

@@ -41,7 +41,7 @@ def as_draft(receipt: Receipt) -> ReceiptDraft | None:
     be cut that way (the caller then places it the two-step way)."""
     receipt_id = codec._text(receipt.receipt_id, "receipt_id")
     free = [codec._free_text(getattr(receipt, name), f"receipt {name}")
-            for name in ("action_id", "effect_key", "result", "finished_at")]  # fmt: skip
+            for name in ("action_id", "effect_key", "result", "finished_at", "approval_id")]  # fmt: skip
     document, unchecked = receipt._document()
     document["seq"], document["prev_hash"] = _SEQ, _PREV
     line = _compact(document)  # the stand-ins are written escaped: no NUL in the text
@@ -50,10 +50,11 @@ def as_draft(receipt: Receipt) -> ReceiptDraft | None:
     formats = (_slots(line, _COMPACT_JSON), _slots(canonical, _CANONICAL_JSON))
     if formats[0] is None or formats[1] is None:
         return None
-    action_id, effect_key, result, finished_at = free
+    action_id, effect_key, result, finished_at, approval_id = free
     draft = ReceiptDraft(
         {}, (formats[0], formats[1]), receipt_id=str(receipt_id), action_id=str(action_id),
         effect_key=effect_key, result=str(result), finished_at=str(finished_at),
+        approval_id=approval_id,
     )  # fmt: skip
     try:
         draft.pieces()  # seq before prev_hash in the line, after it in the canonical text
@@ -85,7 +86,7 @@ def place_with_events(
     values.update(_event_binds(rows))
     values.update(receipt_id=draft.receipt_id, action_id=draft.action_id,
                   effect_key=draft.effect_key, result=draft.result,
-                  ts=draft.finished_at)  # fmt: skip
+                  ts=draft.finished_at, approval_id=draft.approval_id)  # fmt: skip
     try:
         returned = tx._commits(statement.sql, statement.bind(values)).fetchall()
     except tx._unique_error as exc:

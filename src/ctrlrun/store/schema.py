@@ -45,6 +45,7 @@ __all__ = [
     "SCHEMA_MIGRATIONS",
     "AddColumn",
     "BytewiseText",
+    "FillReceiptApprovals",
     "Migration",
     "apply_migrations",
     "approvals",
@@ -100,6 +101,12 @@ def _key(name: str, type_: Any, *constraints: CheckConstraint) -> Column[Any]:
     return Column(name, type_, *constraints, primary_key=True, nullable=True, autoincrement=False)
 
 
+def _where_set(name: str, column: Column[Any]) -> Index:
+    """A partial index over the rows where ``column`` is set: a row without it costs no write."""
+    where = column.is_not(None)
+    return Index(name, column, sqlite_where=where, postgresql_where=where)
+
+
 # --------------------------------------------------------------------------- the tables
 
 metadata = MetaData()
@@ -127,6 +134,7 @@ effects = Table(
     Column("resolved_by", _ID),
 )
 Index("effects_state", effects.c.state)
+Index("effects_created", effects.c.created_at, effects.c.effect_key)  # the listing's order
 
 approvals = Table(
     "approvals",
@@ -181,7 +189,13 @@ receipts = Table(
     Column("seq", _COUNTER, unique=True),
     Column("prev_hash", _ID),
     Column("hash", _ID),
+    Column("approval_id", _ID),  # the document's approval_id, for lookups by request
 )
+Index("receipts_action_id", receipts.c.action_id)
+Index("receipts_effect_key", receipts.c.effect_key)
+_where_set("receipts_approval_id", receipts.c.approval_id)
+Index("events_action_id", events.c.action_id)
+_where_set("events_approval_id", events.c.approval_id)
 
 receipt_chain = Table(
     "receipt_chain",
@@ -278,6 +292,47 @@ def _add_column(element: AddColumn, compiler: DDLCompiler, **kw: Any) -> str:
     return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column), **kw)}"
 
 
+class FillReceiptApprovals(ExecutableDDLElement):
+    """Copy each stored receipt document's ``approval_id`` into its column, for rows written
+    before the column existed; a row whose text is not JSON is left ``NULL``."""
+
+    inherit_cache = False
+
+
+_PG_FILL = """DO $fill$
+DECLARE r record;
+BEGIN
+  BEGIN
+    UPDATE {t} SET approval_id = json::jsonb ->> 'approval_id'
+    WHERE approval_id IS NULL AND position('"approval_id":"' in json) > 0;
+  EXCEPTION WHEN others THEN  -- a row that is not JSON: fill the others one by one
+    FOR r IN SELECT receipt_id, json FROM {t}
+             WHERE approval_id IS NULL AND position('"approval_id":"' in json) > 0 LOOP
+      BEGIN
+        UPDATE {t} SET approval_id = r.json::jsonb ->> 'approval_id'
+        WHERE receipt_id = r.receipt_id;
+      EXCEPTION WHEN others THEN NULL;
+      END;
+    END LOOP;
+  END;
+END $fill$"""
+
+
+@compiles(FillReceiptApprovals, "postgresql")
+def _fill_postgresql(element: FillReceiptApprovals, compiler: DDLCompiler, **kw: Any) -> str:
+    return _PG_FILL.replace("{t}", compiler.preparer.format_table(receipts))
+
+
+@compiles(FillReceiptApprovals)
+def _fill_default(element: FillReceiptApprovals, compiler: DDLCompiler, **kw: Any) -> str:
+    table = compiler.preparer.format_table(receipts)
+    return (
+        f"UPDATE {table} SET approval_id = CASE WHEN json_valid(json) THEN CASE WHEN "
+        "json_type(json, '$.approval_id') = 'text' THEN json_extract(json, '$.approval_id') "
+        "END END WHERE approval_id IS NULL AND instr(json, '\"approval_id\":\"') > 0"
+    )
+
+
 @dataclass(frozen=True)
 class Migration:
     """One recorded change: its id (as ``schema_version`` stores it) and its ordered steps."""
@@ -341,6 +396,19 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
         Migration(
             "0004_notifications",
             (CreateTable(notifications), _index(notifications, "notifications_due")),
+        ),
+        Migration(
+            "0005_read_indexes",
+            (
+                _index(effects, "effects_created"),
+                _index(receipts, "receipts_action_id"),
+                _index(receipts, "receipts_effect_key"),
+                AddColumn(receipts.c.approval_id),
+                _index(receipts, "receipts_approval_id"),
+                FillReceiptApprovals(),
+                _index(events, "events_action_id"),
+                _index(events, "events_approval_id"),
+            ),
         ),
         Migration("0006_verified_mark", (CreateTable(verified_mark),)),
     )

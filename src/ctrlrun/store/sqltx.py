@@ -66,11 +66,6 @@ class SQLTx(LedgerRows, TxSteps):
         values = _finish_values(expected, record)
         return bool(self._run(self.sql.finish_effect.sql, values).rowcount == 1)
 
-    def list_effects(self, state: EffectState | None) -> list[EffectRecord]:
-        statement = self.sql.list_effects(state is not None)
-        rows = self._go(statement, {"state": state.value if state else None}).fetchall()
-        return [codec.effect_from_row(dict(zip(EFFECT_COLUMNS, r))) for r in rows]
-
     # approvals
     def approval(self, approval_id: str) -> ApprovalRecord | None:
         row = self._run(self.sql.approval.sql, (approval_id,)).fetchone()
@@ -184,7 +179,8 @@ class SQLTx(LedgerRows, TxSteps):
         values.update(zip(("l0", "l1", "l2", "c0", "c1", "c2"), draft.pieces()))
         values.update(_event_binds(rows))
         values.update(receipt_id=draft.receipt_id, action_id=draft.action_id,
-                      effect_key=draft.effect_key, result=draft.result, ts=draft.finished_at)  # fmt: skip
+                      effect_key=draft.effect_key, result=draft.result, ts=draft.finished_at,
+                      approval_id=draft.approval_id)  # fmt: skip
         try:
             returned = self._commits(statement.sql, statement.bind(values)).fetchall()
         except self._unique_error as exc:
@@ -236,6 +232,42 @@ class SQLTx(LedgerRows, TxSteps):
     def head(self) -> tuple[int, str] | None:
         row = self._run(self.sql.head.sql, ()).fetchone()
         return None if row is None else (int(row[0]), row[1])
+
+    # paged and indexed reads
+    def _receipts(self, statement: Compiled, values: dict[str, Any]) -> list[Receipt | UnreadableReceipt]:
+        rows = self._go(statement, values).fetchall()
+        return [codec.receipt_from_row(dict(zip(RECEIPT_COLUMNS, r))) for r in rows]
+
+    def receipts_page(
+        self, after: int | str, limit: int, *, chained: bool = True
+    ) -> list[Receipt | UnreadableReceipt]:
+        return self._receipts(self.sql.receipts_page(chained), {"after": after, "limit": limit})
+
+    def receipts_tail(self, limit: int, *, chained: bool = True) -> list[Receipt | UnreadableReceipt]:
+        return self._receipts(self.sql.receipts_tail(chained), {"limit": limit})
+
+    def receipt_at_or_after(self, seq: int) -> tuple[int, str | None] | None:
+        row = self._go(self.sql.receipt_at_or_after(), {"seq": seq}).fetchone()
+        return None if row is None else (int(row[0]), row[1])
+
+    def receipts_by(self, column: str, value: str) -> list[Receipt | UnreadableReceipt]:
+        return self._receipts(self.sql.receipts_by(column), {"value": value})
+
+    def events_by(self, column: str, value: str) -> list[Event]:
+        rows = self._go(self.sql.events_by(column), {"value": value}).fetchall()
+        return [event_from_row(r[1:], int(r[0])) for r in rows]
+
+    def effects_page(
+        self, state: EffectState | None, low: str | None, high: str | None,
+        after: tuple[str, str] | None, limit: int,
+    ) -> list[EffectRecord]:  # fmt: skip
+        statement = self.sql.effects_page(state is not None, low is not None, high is not None,
+                                          after is not None)  # fmt: skip
+        values = {"state": state.value if state else None, "low": low, "high": high,
+                  "a_created": after[0] if after else None, "a_key": after[1] if after else None,
+                  "limit": limit}  # fmt: skip
+        rows = self._go(statement, values).fetchall()
+        return [codec.effect_from_row(dict(zip(EFFECT_COLUMNS, r))) for r in rows]
 
 
 def _finish_values(expected: EffectRecord, record: EffectRecord) -> tuple[Any, ...]:

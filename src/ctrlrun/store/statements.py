@@ -21,6 +21,7 @@ from sqlalchemy import (
     null,
     or_,
     select,
+    tuple_,
     update,
     values,
 )
@@ -197,14 +198,6 @@ class Statements:
             ).values(_binds(FINISH_COLUMNS))
         )  # fmt: skip
 
-    def list_effects(self, with_state: bool) -> Compiled:
-        def build() -> Any:
-            e = self.effects
-            query = select(*e.c).order_by(e.c.created_at, e.c.effect_key)
-            return query.where(e.c.state == bindparam("state")) if with_state else query
-
-        return self._cached(("effects", with_state), build)
-
     # -- approvals
 
     def find_approvals(
@@ -369,7 +362,7 @@ class Statements:
                 select(
                     piece("receipt_id"), piece("action_id"), piece("effect_key"),
                     piece("result"), sealed.c.line, piece("ts"), sealed.c.seq,
-                    sealed.c.prev, sealed.c.hash,
+                    sealed.c.prev, sealed.c.hash, piece("approval_id"),
                 ),
             ).returning(r.c.seq, r.c.hash, r.c.prev_hash).cte("placed")
         )  # fmt: skip
@@ -404,6 +397,83 @@ class Statements:
             .add_cte(placed)
         )  # fmt: skip
 
+    # -- paged reads: each an index range, stopped at its page
+
+    def receipts_page(self, chained: bool) -> Compiled:
+        """A page of receipts: ``chained``, those with ``seq > :after`` by seq; else the
+        unchained ones (no seq) with ``receipt_id > :after`` by id."""
+
+        def build() -> Any:
+            r = self.receipts
+            if chained:
+                query = select(*r.c).where(r.c.seq > bindparam("after")).order_by(r.c.seq)
+            else:
+                query = (
+                    select(*r.c).where(r.c.seq.is_(None), r.c.receipt_id > bindparam("after"))
+                    .order_by(r.c.receipt_id)
+                )  # fmt: skip
+            return _page(query)
+
+        return self._cached(("receipts_page", chained), build)
+
+    def receipts_tail(self, chained: bool) -> Compiled:
+        """The last ``:limit`` receipts, newest first: by seq, or the unchained ones by id."""
+
+        def build() -> Any:
+            r = self.receipts
+            if chained:
+                query = select(*r.c).where(r.c.seq.is_not(None)).order_by(r.c.seq.desc())
+            else:
+                query = select(*r.c).where(r.c.seq.is_(None)).order_by(r.c.receipt_id.desc())
+            return _page(query)
+
+        return self._cached(("receipts_tail", chained), build)
+
+    def receipt_at_or_after(self) -> Compiled:
+        """``(seq, ts)`` of the first receipt with ``seq >= :seq``."""
+        r = self.receipts
+        return self._cached(("receipt_at", 0), lambda: (
+            select(r.c.seq, r.c.ts).where(r.c.seq >= bindparam("seq")).order_by(r.c.seq).limit(_ONE).offset(literal_column("0"))
+        ))  # fmt: skip
+
+    def receipts_by(self, column_name: str) -> Compiled:
+        """The receipts whose ``column_name`` is ``:value``, in chain order (by its index)."""
+        r = self.receipts
+        return self._cached(("receipts_by", 0, column_name), lambda: (
+            select(*r.c).where(r.c[column_name] == bindparam("value"))
+            .order_by(r.c.seq.asc().nulls_first(), r.c.receipt_id)
+        ))  # fmt: skip
+
+    def events_by(self, column_name: str) -> Compiled:
+        """The events whose ``column_name`` is ``:value``, in id order (by its index)."""
+        v = self.events
+        return self._cached(("events_by", 0, column_name), lambda: (
+            select(*v.c).where(v.c[column_name] == bindparam("value")).order_by(v.c.event_id)
+        ))  # fmt: skip
+
+    def effects_page(self, state: bool, low: bool, high: bool, after: bool) -> Compiled:
+        """A page of effects in creation order: of ``:state``, keys in ``[:low, :high)``, after
+        ``(:a_created, :a_key)``; ``:limit`` rows."""
+
+        def build() -> Any:
+            e = self.effects
+            query = select(*e.c)
+            if state:
+                query = query.where(e.c.state == bindparam("state"))
+            if low:
+                query = query.where(e.c.effect_key >= bindparam("low"))
+            if high:
+                query = query.where(e.c.effect_key < bindparam("high"))
+            if after:
+                query = query.where(
+                    tuple_(e.c.created_at, e.c.effect_key)
+                    > tuple_(bindparam("a_created"), bindparam("a_key"))
+                )
+            query = query.order_by(e.c.created_at, e.c.effect_key)
+            return _page(query)
+
+        return self._cached(("effects_page", state, low, high, after), build)
+
     def _cached(self, key: Any, build: Callable[[], Any]) -> Compiled:
         found = self._cache.get(key)
         if found is None:
@@ -412,6 +482,11 @@ class Statements:
             if rows <= _CACHED_ROWS:
                 self._cache[key] = found
         return found
+
+
+def _page(query: Any) -> Any:
+    """``LIMIT :limit`` (SQLite writes an OFFSET with every LIMIT: a literal zero here)."""
+    return query.limit(bindparam("limit")).offset(literal_column("0"))
 
 
 def _nulls(n: int) -> list[Any]:
