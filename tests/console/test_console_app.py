@@ -311,6 +311,23 @@ def test_receipts_and_the_chain_status(project: Project, client: Any) -> None:
     assert 'data-chain="ok"' in page and "stripe.refund" in page
 
 
+def test_the_receipts_page_checks_what_follows_the_verified_mark(project: Project, client: Any) -> None:
+    import sqlite3
+
+    from ctrlrun.store.verifymark import read_mark
+
+    project.call(payment_id="txn_3", amount=100)
+    assert "a full check" in client.get("/receipts").text  # no mark yet: everything, then the mark moves
+    mark = read_mark(project.store)
+    assert mark is not None and mark.seq == project.store.chain_head()[0]
+    project.call(payment_id="txn_4", amount=100)
+    page = client.get("/receipts").text
+    assert 'data-chain="ok"' in page and f"after the verified mark at seq {mark.seq}" in page
+    with sqlite3.connect(project.db) as conn:  # an edit after the mark is still caught
+        conn.execute("UPDATE receipts SET json = replace(json, 'txn_4', 'txn_5') WHERE seq = ?", (mark.seq + 1,))
+    assert 'data-chain="broken"' in client.get("/receipts").text
+
+
 # escaping
 
 HOSTILE = "<script>alert(1)</script><img src=x onerror=alert(2)>\x1b[31m\u202egnp.exe \"q\" & 'a'"
