@@ -92,3 +92,26 @@ def test_performance_page_has_every_generated_section() -> None:
     for name in docs.SECTIONS:
         assert docs.marker(name, "begin") in text and docs.marker(name, "end") in text, name
     assert docs.replace(text, {name: "x" for name in docs.SECTIONS}).count("\nx\n") == len(docs.SECTIONS)
+
+
+def test_bench_scale_grows_a_store_that_verifies_and_answers(tmp_path) -> None:
+    """The generated calls are a valid chain the read commands find their ids in."""
+    from bench.scale_rows import Generator, append_sqlite, make_templates
+
+    from ctrlrun import SQLiteStateStore
+    from ctrlrun.chain import verify_chain
+
+    path = str(tmp_path / "scale.db")
+    SQLiteStateStore(path).close()
+    generator = Generator(make_templates())
+    append_sqlite(path, generator, 0, 250)
+    append_sqlite(path, generator, 250, 50)  # a second batch chains onto the first
+    store = SQLiteStateStore(path)
+    try:
+        report = verify_chain(store)
+        assert report.ok and report.verified == 300
+        (receipt,) = store.receipts_for(action_id=f"act_{200:024x}A0000000")
+        assert receipt.effect_key == "refund:p200"
+        assert store.get_approval(f"apr_{200:024x}B0000000") is not None
+    finally:
+        store.close()
