@@ -17,6 +17,7 @@ from .verifymark import MARK_SELECT, MEMORY_ATTRIBUTE, VerifiedMark, mark_of
 
 __all__ = ["walk_store"]
 
+_READER_IDLE = "10min"  # how long a whole stream waits for its reader between batches
 _BATCH = 500  # rows per fetch (a Postgres cursor fetches as many at a time)
 
 
@@ -162,6 +163,8 @@ def stream_receipts(postgres: Any, after_seq: int) -> Iterator[Any]:
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                # the reader may be slow (a pager): wait for it longer than the store's own bound
+                conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = '{_READER_IDLE}'")
                 result = conn.execution_options(stream_results=True, yield_per=_BATCH).execute(query)
                 for partition in result.mappings().partitions():
                     for row in partition:
