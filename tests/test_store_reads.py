@@ -203,3 +203,26 @@ def test_every_paged_and_indexed_read_searches_an_index_on_sqlite(tmp_path):
             steps = [row[3] for row in plan]
             assert steps[0].startswith("SEARCH") and "USING" in steps[0], (statement.sql, steps)
             assert not any(step.startswith("SCAN") for step in steps), (statement.sql, steps)
+
+
+@pytest.mark.postgres
+def test_a_whole_postgres_stream_reads_through_a_server_side_cursor(tmp_path, clock):
+    """An unlimited ``iter_receipts`` on Postgres fetches from a cursor the server holds, a
+    batch at a time (nothing of the table buffered on the client); a limited one pages."""
+    from .conftest import STORE_FACTORIES, postgres_url
+
+    psycopg = pytest.importorskip("psycopg")
+    url = postgres_url()
+    store = STORE_FACTORIES["postgres"](tmp_path, clock)
+    try:
+        fill(store, clock, 3)
+        stream = store.iter_receipts()
+        first = next(stream)
+        with psycopg.connect(url, autocommit=True) as conn:
+            queries = [q for (q,) in conn.execute(
+                "SELECT query FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                "AND state = 'idle in transaction'")]  # fmt: skip
+        assert any(q.lstrip().upper().startswith(("DECLARE", "FETCH")) for q in queries), queries
+        assert [first.seq, *(r.seq for r in stream)] == [1, 2, 3]
+    finally:
+        store.close()

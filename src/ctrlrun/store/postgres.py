@@ -34,7 +34,7 @@ import math
 import re
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
@@ -262,6 +262,11 @@ class PostgresStateStore(SQLStateStore):
         return f"{user}{host}{port}/{p.get('dbname') or '(default)'} schema {self._schema}"
 
     # -- connections and transactions
+
+    def _stream_after(self, after_seq: int) -> Iterator[Any]:
+        from .snapshot import stream_receipts  # a server-side cursor for a whole stream
+
+        return stream_receipts(self, after_seq)
 
     def _connect(self) -> Any:
         extra = connect_parameters(self._params, self.timeouts)

@@ -71,6 +71,10 @@ class ReadOps:
                 if len(rows) < want:
                     break
                 last_id = rows[-1].receipt_id or ""
+        streamed = self._stream_after(after) if left is None else None
+        if streamed is not None:
+            yield from streamed
+            return
         while left is None or left > 0:
             want = size if left is None else min(size, left)
             rows = self._read(lambda tx, now: tx.receipts_page(after, want))
@@ -80,6 +84,11 @@ class ReadOps:
             if len(rows) < want:
                 return
             after = _seq_of(rows[-1])
+
+    def _stream_after(self, after_seq: int) -> Iterator[Row] | None:
+        """A whole stream of the chained receipts after ``after_seq`` from a server-side cursor,
+        where the store has one (Postgres); ``None``: read keyset pages."""
+        return None
 
     def last_receipts(self, n: int) -> list[Row]:
         """The last ``n`` receipts by seq, in chain order (the tail of ``receipts()``)."""

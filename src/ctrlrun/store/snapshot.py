@@ -17,6 +17,7 @@ from .verifymark import MARK_SELECT, MEMORY_ATTRIBUTE, VerifiedMark, mark_of
 
 __all__ = ["walk_store"]
 
+_READER_IDLE = "10min"  # how long a whole stream waits for its reader between batches
 _BATCH = 500  # rows per fetch (a Postgres cursor fetches as many at a time)
 
 
@@ -140,6 +141,34 @@ def _walk_postgres(postgres: Any, since_verified: bool) -> ChainReport:
             with conn.begin():
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
                 return _walk(_PostgresSnapshot(conn, since_verified), since_verified)
+    except SQLAlchemyError as exc:
+        postgres._lost(exc)
+        raise postgres._driver_error(exc, "reading") from None
+
+
+def stream_receipts(postgres: Any, after_seq: int) -> Iterator[Any]:
+    """Every receipt with ``seq > after_seq`` in seq order through a server-side cursor, on a
+    connection of its own in one read-only ``REPEATABLE READ`` transaction: rows arrive a batch
+    at a time and nothing of the table is buffered on the client."""
+    from sqlalchemy import select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .codec import receipt_from_row
+    from .schema import receipts
+
+    r = receipts.c
+    query = select(*r).where(r.seq > after_seq).order_by(r.seq)
+    try:
+        with postgres.engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
+                # the reader may be slow (a pager): wait for it longer than the store's own bound
+                conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = '{_READER_IDLE}'")
+                result = conn.execution_options(stream_results=True, yield_per=_BATCH).execute(query)
+                for partition in result.mappings().partitions():
+                    for row in partition:
+                        yield receipt_from_row(row)
     except SQLAlchemyError as exc:
         postgres._lost(exc)
         raise postgres._driver_error(exc, "reading") from None
