@@ -196,3 +196,25 @@ def test_a_mistyped_command_is_told_the_nearest_one_before_any_loads() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "No such command 'recipts'. Did you mean 'receipts'?" in done.stderr
+
+
+def test_every_module_imports_first() -> None:
+    """With the package's names resolved on first use, no module may depend on another having
+    been imported before it: each imports first, with no ctrlrun module loaded (a cycle shows)."""
+    code = (
+        "import importlib, json, pkgutil, sys\n"
+        "import ctrlrun\n"
+        "names = [m.name for m in pkgutil.walk_packages(ctrlrun.__path__, 'ctrlrun.')\n"
+        "         if not m.name.endswith('__main__')]\n"
+        "failed = []\n"
+        "for name in names:\n"
+        "    for key in [k for k in sys.modules if k == 'ctrlrun' or k.startswith('ctrlrun.')]:\n"
+        "        del sys.modules[key]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        failed.append(f'{name}: {type(exc).__name__}: {exc}')\n"
+        "print(json.dumps({'count': len(names), 'failed': failed}))\n"
+    )
+    seen = _modules_after(code)
+    assert seen["count"] > 100 and seen["failed"] == []

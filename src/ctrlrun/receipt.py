@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .policy.decision import Decision
 from ._time import parse_ts
@@ -480,5 +480,19 @@ class JSONLEventSink:
             self.on_receipt(receipt)
 
 
-# the chain check lives in its own module; its names stay importable from here
-from .chain import ChainBreak, ChainReport, verify_chain, verify_rows  # noqa: E402
+# The chain check lives in its own module (which imports this one); its names stay importable
+# from here, resolved on first use so that either module can be imported first.
+_CHAIN_NAMES = frozenset({"ChainBreak", "ChainReport", "verify_chain", "verify_rows"})
+
+if TYPE_CHECKING:
+    from .chain import ChainBreak, ChainReport, verify_chain, verify_rows
+else:
+
+    def __getattr__(name: str) -> Any:
+        if name in _CHAIN_NAMES:
+            from . import chain
+
+            value = getattr(chain, name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
