@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,21 @@ def _refuse(text: str) -> Any:
 
 # JSON without floats (or NaN/Infinity): a document holding one has no canonical form
 _PLAIN_JSON = json.JSONDecoder(parse_float=_refuse, parse_constant=_refuse)
+_scan: Callable[[str, int], tuple[Any, int]] = getattr(_PLAIN_JSON, "scan_once")  # decode() minus whitespace
+
+
+def _plain_encoder() -> Any:
+    """The canonical encoding of a decoded document (acyclic by construction, so without the
+    circular-reference markers), built once; ``None`` where there is no C encoder."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    c = _CANONICAL_JSON
+    return make(None, c.default, json.encoder.encode_basestring, None, c.key_separator,
+                c.item_separator, c.sort_keys, c.skipkeys, c.allow_nan)  # fmt: skip
+
+
+_ENCODE_PLAIN = _plain_encoder()
 _V8_KEYS = frozenset(_DOCUMENT_KEYS)
 _V7_KEYS = frozenset(_DOCUMENT_KEYS[:34])
 _V8_ONLY = _V8_KEYS - _V7_KEYS
@@ -116,13 +131,13 @@ def _plain_document(text: Any) -> dict[str, Any] | None:
     no v8 key (v7 hashes 34 keys) and nothing is a float: then the receipt's document is this
     one, key for key and value for value.
     """
-    if type(text) is not str:
+    if type(text) is not str or not text.startswith("{"):
         return None
     try:
-        document = _PLAIN_JSON.decode(text)
-    except (_Refused, ValueError, RecursionError):
+        document, end = _scan(text, 0)
+    except (_Refused, ValueError, RecursionError, StopIteration):
         return None
-    if type(document) is not dict:
+    if end != len(text) or type(document) is not dict:
         return None
     keys = document.keys()
     if document.get("schema") == RECEIPT_SCHEMA_V7:
@@ -162,7 +177,10 @@ def _rehash(seq: int, receipt_id: Any, text: Any, stored: Any) -> _Hashed:
     document = _plain_document(text)
     if document is not None:
         try:
-            canonical = _CANONICAL_JSON.encode(document).encode("utf-8")
+            if _ENCODE_PLAIN is None:
+                canonical = _CANONICAL_JSON.encode(document).encode("utf-8")
+            else:
+                canonical = "".join(_ENCODE_PLAIN(document, 0)).encode("utf-8")
         except (UnicodeEncodeError, ValueError, RecursionError):
             pass
         else:
