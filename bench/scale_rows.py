@@ -20,25 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  bench.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-      - when: { amount_gte: 0, amount_lte: 500000 }
-        decision: approve
-      - decision: deny
-"""
+from bench.ab_call import POLICY, refund  # the A/B call's policy and function
+
 TABLES = ("effects", "events", "receipts", "approvals")
 APPROVAL_EVERY = 100  # one call in a hundred also leaves an answered approval request
 BASE = datetime(2026, 1, 1, tzinfo=timezone.utc)
-
-
-def refund(payment_id: str, amount: int) -> dict[str, Any]:
-    return {"id": "re_" + payment_id, "amount": amount}
 
 
 def _rows(db: str, table: str) -> list[dict[str, Any]]:
