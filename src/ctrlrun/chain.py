@@ -373,6 +373,31 @@ def verify_chain(store: Any, *, since_verified: bool = False) -> ChainReport:
     """Walk the store's receipts up to the chain head read first, in one read snapshot, and name
     every break; ``since_verified`` walks only what follows the store's verified mark (a full
     walk when it has none). It reads only: moving the mark is ``store.verifymark``'s."""
-    from .store.snapshot import walk_store
+    from .store.snapshot import open_snapshot
 
-    return walk_store(store, since_verified=since_verified)
+    with open_snapshot(store, since_verified=since_verified) as snapshot:
+        if snapshot is not None:
+            return _walk(snapshot, since_verified)
+    head = store.chain_head()  # any other StateStore: its head first, then its rows up to it
+    limit = None if head is None else head[0]
+    rows: Iterable[Receipt | UnreadableReceipt] = store.receipts()
+    if limit is not None:
+        rows = (r for r in rows if (_position(r) or 0) <= limit)
+    return verify_rows(rows, head)
+
+
+def _walk(snapshot: Any, since_verified: bool) -> ChainReport:
+    """The check over one store snapshot (``store.snapshot.Snapshot``): from the verified mark
+    when asked and there is one, else everything."""
+    walk = ChainWalk()
+    walk.add_unchained(snapshot.unchained)
+    mark = snapshot.mark if since_verified else None
+    if mark is None or mark.seq < 1:  # no mark (or one before any receipt): the full check
+        start, check, first = 0, "full", 1
+    else:
+        walk.start_at_mark((mark.seq, mark.hash), snapshot.row_at(mark.seq))
+        start, check, first = mark.seq, "incremental", mark.seq
+    add = walk.add_stored
+    for seq, receipt_id, text, stored in snapshot.rows_after(start):
+        add(seq, receipt_id, text, stored)
+    return walk.report(snapshot.head, check=check, from_seq=first)

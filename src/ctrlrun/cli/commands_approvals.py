@@ -9,7 +9,7 @@ import click
 
 from .._time import format_ts
 from ..approvals import Approval, ApprovalRecord, ApprovalStatus
-from .._default import policy_path as settings_policy_path
+from .._locations import policy_path as settings_policy_path
 from ..edits import edited_arguments, grant_with_edits, parse_assignments
 from ..errors import ApprovalMismatch, CTRLRunError, InvalidArgument
 from ..policy import Policy

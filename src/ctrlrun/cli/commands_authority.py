@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from .._default import open_default_store, policy_path
+from .._locations import open_default_store, policy_path
 from .._time import format_ts
 from ..action import Principal
 from ..control import Control

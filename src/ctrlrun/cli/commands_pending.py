@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from .._default import policy_path
+from .._locations import policy_path
 from .._time import format_ts
 from ..action import canonical_bytes
 from ..approvals import ApprovalRecord

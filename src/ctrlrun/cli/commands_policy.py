@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .._default import policy_path
+from .._locations import policy_path
 from ..errors import CTRLRunError, PolicyError
 from ..policy import Policy
 from .commands_stats import observe_banner

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .._default import policy_path
+from .._locations import policy_path
 from .._time import format_ts, parse_ts
 from ..errors import InvalidArgument
 from ..policy import Policy

@@ -152,7 +152,7 @@ def _config(options: dict[str, Any]) -> tuple[Any, Path]:
         if not http and not os.environ.get("CTRLRUN_CONFIG"):
             raise GatewayUsage("stdio mode needs --policy PATH (or CTRLRUN_CONFIG): the host picks the working "
                                "directory, so ./ctrlrun.yaml is never used implicitly")  # fmt: skip
-    from .._default import policy_path
+    from .._locations import policy_path
 
     policy_file = policy_path(policy_option)
     if not policy_file.is_file():
@@ -171,7 +171,7 @@ def _config(options: dict[str, Any]) -> tuple[Any, Path]:
 
 
 def _control(policy_file: Path, store_url: str | None, environment: str | None) -> Any:
-    from .._default import open_default_store
+    from .._locations import open_default_store
     from ..control import Control
     from ..policy import Policy
     from ..receipt import JSONLEventSink

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from .._default import state_location
+from .._locations import state_location
 from .._time import utc_now
 from ..errors import InvalidArgument
 from ..store import StateStore, open_store_url

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from .._default import policy_path
+from .._locations import policy_path
 from ..answers import answer_events, resolve_events
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..edits import grant_with_edits

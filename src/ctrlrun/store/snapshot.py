@@ -10,19 +10,20 @@ it read can only be an edit, and shows as ``head_mismatch``.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from ..chain import ChainReport, ChainWalk, _position, verify_rows
 from .verifymark import MARK_SELECT, MEMORY_ATTRIBUTE, VerifiedMark, mark_of
 
-__all__ = ["walk_store"]
+__all__ = ["Snapshot", "open_snapshot", "stream_receipts"]
 
 _READER_IDLE = "10min"  # how long a whole stream waits for its reader between batches
 _BATCH = 500  # rows per fetch (a Postgres cursor fetches as many at a time)
 
 
-class _Snapshot:
-    """What one snapshot gives the walk (each store kind fills it in its own way)."""
+class Snapshot:
+    """What one snapshot gives the chain walk: the head, the mark and the count of unchained
+    rows read first, then rows by ``seq`` (each store kind fills it in its own way)."""
 
     head: tuple[int, str] | None
     mark: VerifiedMark | None
@@ -37,25 +38,10 @@ class _Snapshot:
         raise NotImplementedError
 
 
-def _walk(snapshot: _Snapshot, since_verified: bool) -> ChainReport:
-    walk = ChainWalk()
-    walk.add_unchained(snapshot.unchained)
-    mark = snapshot.mark if since_verified else None
-    if mark is None or mark.seq < 1:  # no mark (or one before any receipt): the full check
-        start, check, first = 0, "full", 1
-    else:
-        walk.start_at_mark((mark.seq, mark.hash), snapshot.row_at(mark.seq))
-        start, check, first = mark.seq, "incremental", mark.seq
-    add = walk.add_stored
-    for seq, receipt_id, text, stored in snapshot.rows_after(start):
-        add(seq, receipt_id, text, stored)
-    return walk.report(snapshot.head, check=check, from_seq=first)
-
-
 # ---------------------------------------------------------------- SQLite: one read transaction
 
 
-class _SQLiteSnapshot(_Snapshot):
+class _SQLiteSnapshot(Snapshot):
     def __init__(self, dbapi: Any, since_verified: bool) -> None:
         self._db = dbapi
         row = dbapi.execute("SELECT seq, hash FROM receipt_chain WHERE id = 1").fetchone()
@@ -76,7 +62,8 @@ class _SQLiteSnapshot(_Snapshot):
             yield from batch
 
 
-def _walk_sqlite(sqlite: Any, since_verified: bool) -> ChainReport:
+@contextmanager
+def _sqlite_snapshot(sqlite: Any, since_verified: bool) -> Iterator[Snapshot]:
     from sqlalchemy.exc import SQLAlchemyError
 
     errors = (SQLAlchemyError, sqlite._dbapi_error)
@@ -88,7 +75,7 @@ def _walk_sqlite(sqlite: Any, since_verified: bool) -> ChainReport:
         dbapi = raw.driver_connection
         dbapi.execute("BEGIN")  # deferred: the first read below takes the snapshot
         try:
-            return _walk(_SQLiteSnapshot(dbapi, since_verified), since_verified)
+            yield _SQLiteSnapshot(dbapi, since_verified)
         finally:
             dbapi.execute("ROLLBACK")
     except errors as exc:
@@ -100,7 +87,7 @@ def _walk_sqlite(sqlite: Any, since_verified: bool) -> ChainReport:
 # ---------------------------------------------------------------- Postgres: REPEATABLE READ
 
 
-class _PostgresSnapshot(_Snapshot):
+class _PostgresSnapshot(Snapshot):
     def __init__(self, conn: Any, since_verified: bool) -> None:
         from sqlalchemy import func, select
 
@@ -132,7 +119,9 @@ class _PostgresSnapshot(_Snapshot):
             yield from partition
 
 
-def _walk_postgres(postgres: Any, since_verified: bool) -> ChainReport:
+@contextmanager
+def _postgres_read(postgres: Any) -> Iterator[Any]:
+    """A connection of its own in one read-only ``REPEATABLE READ`` transaction."""
     from sqlalchemy.exc import SQLAlchemyError
 
     try:
@@ -140,10 +129,16 @@ def _walk_postgres(postgres: Any, since_verified: bool) -> ChainReport:
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
                 conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-                return _walk(_PostgresSnapshot(conn, since_verified), since_verified)
+                yield conn
     except SQLAlchemyError as exc:
         postgres._lost(exc)
         raise postgres._driver_error(exc, "reading") from None
+
+
+@contextmanager
+def _postgres_snapshot(postgres: Any, since_verified: bool) -> Iterator[Snapshot]:
+    with _postgres_read(postgres) as conn:
+        yield _PostgresSnapshot(conn, since_verified)
 
 
 def stream_receipts(postgres: Any, after_seq: int) -> Iterator[Any]:
@@ -151,40 +146,32 @@ def stream_receipts(postgres: Any, after_seq: int) -> Iterator[Any]:
     connection of its own in one read-only ``REPEATABLE READ`` transaction: rows arrive a batch
     at a time and nothing of the table is buffered on the client."""
     from sqlalchemy import select
-    from sqlalchemy.exc import SQLAlchemyError
 
     from .codec import receipt_from_row
     from .schema import receipts
 
     r = receipts.c
     query = select(*r).where(r.seq > after_seq).order_by(r.seq)
-    try:
-        with postgres.engine.connect() as conn:
-            conn = conn.execution_options(isolation_level="REPEATABLE READ")
-            with conn.begin():
-                conn.exec_driver_sql("SET TRANSACTION READ ONLY")
-                # the reader may be slow (a pager): wait for it longer than the store's own bound
-                conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = '{_READER_IDLE}'")
-                result = conn.execution_options(stream_results=True, yield_per=_BATCH).execute(query)
-                for partition in result.mappings().partitions():
-                    for row in partition:
-                        yield receipt_from_row(row)
-    except SQLAlchemyError as exc:
-        postgres._lost(exc)
-        raise postgres._driver_error(exc, "reading") from None
+    with _postgres_read(postgres) as conn:
+        # the reader may be slow (a pager): wait for it longer than the store's own bound
+        conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = '{_READER_IDLE}'")
+        result = conn.execution_options(stream_results=True, yield_per=_BATCH).execute(query)
+        for partition in result.mappings().partitions():
+            for row in partition:
+                yield receipt_from_row(row)
 
 
 # ---------------------------------------------------------------- memory: under its lock
 
 
-class _MemorySnapshot(_Snapshot):
-    """The postgres's rows as they stand (the caller holds its lock): nothing is copied."""
+class _MemorySnapshot(Snapshot):
+    """The memory store's rows as they stand (the caller holds its lock): nothing is copied."""
 
-    def __init__(self, postgres: Any, since_verified: bool) -> None:
-        data = postgres._data
+    def __init__(self, memory: Any, since_verified: bool) -> None:
+        data = memory._data
         self._rows = data.receipts
         self.head = data.head
-        self.mark = getattr(postgres, MEMORY_ATTRIBUTE, None) if since_verified else None
+        self.mark = getattr(memory, MEMORY_ATTRIBUTE, None) if since_verified else None
         self.unchained = sum(1 for row in self._rows.values() if row["seq"] is None)
 
     def row_at(self, seq: int) -> tuple[Any, Any, Any] | None:
@@ -200,31 +187,27 @@ class _MemorySnapshot(_Snapshot):
                 yield position, row["receipt_id"], row["json"], row["hash"]
 
 
-def _walk_memory(memory: Any, since_verified: bool) -> ChainReport:
+@contextmanager
+def _memory_snapshot(memory: Any, since_verified: bool) -> Iterator[Snapshot]:
     with memory._lock:
-        return _walk(_MemorySnapshot(memory, since_verified), since_verified)
+        yield _MemorySnapshot(memory, since_verified)
 
 
-def walk_store(store: Any, *, since_verified: bool = False) -> ChainReport:
-    """The chain check of ``store`` in one read snapshot (``verify_chain``'s store path).
-
-    A store of another kind (any ``StateStore``) is read as its protocol allows: the head
-    first, then ``receipts()``, whose rows past that head are left out (they came after it);
-    it has no verified mark, so ``since_verified`` walks it all.
-    """
+@contextmanager
+def open_snapshot(store: Any, *, since_verified: bool = False) -> Iterator[Snapshot | None]:
+    """One read snapshot of a memory, SQLite or Postgres store; ``None`` for a store of another
+    kind (any ``StateStore``), which the chain check reads through its protocol instead."""
     from .memory import InMemoryStateStore
     from .sql import SQLStateStore
 
     if isinstance(store, InMemoryStateStore):
-        return _walk_memory(store, since_verified)
-    if isinstance(store, SQLStateStore):
+        opened = _memory_snapshot(store, since_verified)
+    elif isinstance(store, SQLStateStore):
         sql = store  # its engine is the SQL store's own, not the protocol's
-        if sql.engine.dialect.name == "sqlite":
-            return _walk_sqlite(sql, since_verified)
-        return _walk_postgres(sql, since_verified)
-    head = store.chain_head()
-    limit = None if head is None else head[0]
-    rows = store.receipts()
-    if limit is not None:
-        rows = (r for r in rows if (_position(r) or 0) <= limit)
-    return verify_rows(rows, head)
+        dialect = sql.engine.dialect.name
+        opened = (_sqlite_snapshot if dialect == "sqlite" else _postgres_snapshot)(sql, since_verified)
+    else:
+        yield None
+        return
+    with opened as snapshot:
+        yield snapshot

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._time import format_precise
-from ..chain import ChainReport, verify_chain
 from ..errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from ..chain import ChainReport
 
 __all__ = ["VerifiedMark", "mark_verified", "read_mark", "verify_and_mark", "write_mark"]
 
@@ -107,6 +109,8 @@ def mark_verified(store: Any, report: ChainReport, at: datetime) -> VerifiedMark
 
 def verify_and_mark(store: Any, *, since_verified: bool = False, at: datetime | None = None) -> ChainReport:
     """``verify_chain``, then the mark moved to the head it verified when the check passed."""
+    from ..chain import verify_chain
+
     report = verify_chain(store, since_verified=since_verified)
     mark_verified(store, report, at if at is not None else store._now())
     return report
