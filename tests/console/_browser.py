@@ -235,14 +235,33 @@ def wait_until(driver: Any, condition: Any, what: str) -> Any:
     return WebDriverWait(driver, WAIT).until(condition, message=what)
 
 
+def left_the_document(element: Any) -> Any:
+    """A wait condition: ``element`` is gone, the page it was on replaced. Like selenium's
+    ``staleness_of``, but also taking Chromium's answer while it is mid-navigation (the node
+    "does not belong to the document"), which ``staleness_of`` raises instead of waiting."""
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
+    def gone(_driver: Any) -> bool:
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
+    return gone
+
+
 def submit(driver: Any, button: Any) -> None:
     """Click a form's button and wait for the page it leads to."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
 
     page = driver.find_element(By.TAG_NAME, "html")
     button.click()
-    wait_until(driver, expected_conditions.staleness_of(page), "the answer's page to load")
+    wait_until(driver, left_the_document(page), "the answer's page to load")
 
 
 def path_of(driver: Any) -> str:
@@ -261,9 +280,7 @@ def login(driver: Any, console: Console, name: str, password: str) -> None:
     field.send_keys(password)
     page = driver.find_element(By.TAG_NAME, "html")
     field.submit()
-    from selenium.webdriver.support import expected_conditions
-
-    wait_until(driver, expected_conditions.staleness_of(page), "the login's answer")
+    wait_until(driver, left_the_document(page), "the login's answer")
 
 
 def action_button(driver: Any, action: str) -> Any:

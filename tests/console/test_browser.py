@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ._browser import (
-    Console, Project, action_button, add_user, form_fields, hidden_fields, login, logout_form,
-    path_of, post_as, require_browser, start_driver, submit, wait_until,
+    Console, Project, action_button, add_user, form_fields, hidden_fields, left_the_document, login,
+    logout_form, path_of, post_as, require_browser, start_driver, submit, wait_until,
 )  # fmt: skip
 
 PASSWORD = "correct horse battery staple"
@@ -193,9 +193,7 @@ def test_a_double_submit_grants_once(ada, bob, console, project):
 
     page = ada.find_element("tag name", "html")
     ada.execute_script("const b = arguments[0]; b.click(); b.click();", action_button(ada, "approve"))
-    from selenium.webdriver.support import expected_conditions
-
-    wait_until(ada, expected_conditions.staleness_of(page), "the approval's page")
+    wait_until(ada, left_the_document(page), "the approval's page")
     ada.switch_to.window(replay)
     submit(ada, action_button(ada, "approve"))
     assert "already granted by console:ada" in ada.find_element("tag name", "body").text
