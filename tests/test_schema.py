@@ -290,6 +290,69 @@ OLD_0006_POSTGRESQL = (
         verified_at {_C} NOT NULL)""",
 )
 
+OLD_0007_SQLITE = (
+    "CREATE TABLE acts (seq INTEGER PRIMARY KEY, kind TEXT NOT NULL, subject TEXT NOT NULL, "
+    "json TEXT NOT NULL, hash TEXT NOT NULL)",
+    "CREATE INDEX acts_subject ON acts (subject, kind)",
+    """CREATE TABLE acts_chain (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL,
+        hash TEXT NOT NULL,
+        covers_from INTEGER NOT NULL)""",
+    "INSERT INTO acts_chain SELECT 1, 0, 'sha256:' ||"
+    "'0000000000000000000000000000000000000000000000000000000000000000', seq + 1 "
+    "FROM receipt_chain WHERE id = 1",
+    "CREATE TABLE acts_legacy (kind TEXT, subject TEXT, attempt INTEGER, PRIMARY KEY (kind, subject, attempt))",
+    "INSERT INTO acts_legacy SELECT 'grant', approval_id, 0 FROM approvals "
+    "WHERE status IN ('granted', 'consumed') OR approvers != '[]'",
+    "INSERT INTO acts_legacy SELECT 'resolve', effect_key, attempt FROM effects "
+    "WHERE resolved_by IS NOT NULL OR state IN ('committed', 'failed')",
+    """CREATE TABLE prune_checkpoint (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq INTEGER NOT NULL, hash TEXT NOT NULL, schema TEXT NOT NULL, at TEXT NOT NULL)""",
+    """CREATE TABLE holds (
+        hold_id TEXT PRIMARY KEY, from_seq INTEGER NOT NULL, to_seq INTEGER,
+        reason TEXT NOT NULL, placed_by TEXT NOT NULL, placed_at TEXT NOT NULL,
+        released_by TEXT, released_at TEXT)""",
+    """CREATE TABLE anchors (
+        id INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, seq INTEGER NOT NULL,
+        hash TEXT NOT NULL, token TEXT NOT NULL, at TEXT NOT NULL)""",
+    "ALTER TABLE verified_mark ADD COLUMN acts_seq INTEGER",
+    "ALTER TABLE verified_mark ADD COLUMN acts_hash TEXT",
+)
+
+OLD_0007_POSTGRESQL = (
+    f"CREATE TABLE {{s}}.acts (seq BIGINT PRIMARY KEY, kind {_C} NOT NULL, subject {_C} NOT NULL, "
+    f"json TEXT NOT NULL, hash {_C} NOT NULL)",
+    "CREATE INDEX acts_subject ON {s}.acts (subject, kind)",
+    f"""CREATE TABLE {{s}}.acts_chain (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq BIGINT NOT NULL,
+        hash {_C} NOT NULL,
+        covers_from BIGINT NOT NULL)""",
+    "INSERT INTO {s}.acts_chain SELECT 1, 0, "
+    "'sha256:0000000000000000000000000000000000000000000000000000000000000000', seq + 1 "
+    "FROM {s}.receipt_chain WHERE id = 1",
+    f"CREATE TABLE {{s}}.acts_legacy (kind {_C}, subject {_C}, attempt INTEGER, "
+    "PRIMARY KEY (kind, subject, attempt))",
+    "INSERT INTO {s}.acts_legacy SELECT 'grant', approval_id, 0 FROM {s}.approvals "
+    "WHERE status IN ('granted', 'consumed') OR approvers != '[]'",
+    "INSERT INTO {s}.acts_legacy SELECT 'resolve', effect_key, attempt FROM {s}.effects "
+    "WHERE resolved_by IS NOT NULL OR state IN ('committed', 'failed')",
+    f"""CREATE TABLE {{s}}.prune_checkpoint (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        seq BIGINT NOT NULL, hash {_C} NOT NULL, schema {_C} NOT NULL, at {_C} NOT NULL)""",
+    f"""CREATE TABLE {{s}}.holds (
+        hold_id {_C} PRIMARY KEY, from_seq BIGINT NOT NULL, to_seq BIGINT,
+        reason TEXT NOT NULL, placed_by {_C} NOT NULL, placed_at {_C} NOT NULL,
+        released_by {_C}, released_at {_C})""",
+    f"""CREATE TABLE {{s}}.anchors (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, kind {_C} NOT NULL, seq BIGINT NOT NULL,
+        hash {_C} NOT NULL, token TEXT NOT NULL, at {_C} NOT NULL)""",
+    "ALTER TABLE {s}.verified_mark ADD COLUMN acts_seq BIGINT",
+    f"ALTER TABLE {{s}}.verified_mark ADD COLUMN acts_hash {_C}",
+)
+
 OLD_MIGRATIONS = {
     "sqlite": {
         "0001_initial": OLD_0001_SQLITE,
@@ -301,6 +364,7 @@ OLD_MIGRATIONS = {
         "0004_notifications": OLD_0004_SQLITE,
         "0005_read_indexes": OLD_0005_SQLITE,
         "0006_verified_mark": OLD_0006_SQLITE,
+        "0007_evidence": OLD_0007_SQLITE,
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -312,6 +376,7 @@ OLD_MIGRATIONS = {
         "0004_notifications": OLD_0004_POSTGRESQL,
         "0005_read_indexes": OLD_0005_POSTGRESQL,
         "0006_verified_mark": OLD_0006_POSTGRESQL,
+        "0007_evidence": OLD_0007_POSTGRESQL,
     },
 }
 OLD_STAMP = ("2026-11-01T09:00:00.000000Z", "0.1.0")
@@ -351,6 +416,7 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
         "0005_read_indexes",
         "0006_verified_mark",
+        "0007_evidence",
     )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))

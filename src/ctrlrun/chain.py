@@ -52,6 +52,10 @@ class ChainReport:
     to_seq: int = 0
     pruned_through: int | None = None
     more_breaks: int = 0  # found beyond the first ``BREAKS_KEPT``
+    acts_verified: int = 0
+    acts_head_seq: int | None = None
+    acts_head_hash: str | None = None
+    not_covered: int | None = None  # receipts 1..this predate the acts chain: not cross-checked
 
     @property
     def ok(self) -> bool:
@@ -76,6 +80,10 @@ class ChainReport:
             "from_seq": self.from_seq,
             "to_seq": self.to_seq,
             "pruned_through": self.pruned_through,
+            "acts_verified": self.acts_verified,
+            "acts_head_seq": self.acts_head_seq,
+            "acts_head_hash": self.acts_head_hash,
+            "not_covered": self.not_covered,
         }
 
 
@@ -309,11 +317,17 @@ class ChainWalk:
         self.expected_prev = self.last_hash = recomputed or _SENTINEL
         self.last_seq, self.expected_seq = seq, seq + 1
 
+    def start_at_checkpoint(self, seq: int, hash: str) -> None:
+        """A pruned chain: the first kept receipt must point back to the checkpoint's hash."""
+        self.expected_prev = self.last_hash = hash
+        self.last_seq, self.expected_seq = seq, seq + 1
+
     # -- the end
 
     def report(
-        self, head: tuple[int, str] | None, *, check: str = "full", from_seq: int = 1
-    ) -> ChainReport:
+        self, head: tuple[int, str] | None, *, check: str = "full", from_seq: int = 1,
+        pruned_through: int | None = None,
+    ) -> ChainReport:  # fmt: skip
         """The report, once every row was fed, against the chain head read before them."""
         ahead: list[ChainBreak] = []
         if self.unchained:
@@ -347,6 +361,7 @@ class ChainWalk:
             check=check,
             from_seq=from_seq,
             to_seq=self.last_seq if head_seq is None else head_seq,
+            pruned_through=pruned_through,
             more_breaks=more,
         )
 
@@ -377,7 +392,11 @@ def verify_chain(store: Any, *, since_verified: bool = False) -> ChainReport:
 
     with open_snapshot(store, since_verified=since_verified) as snapshot:
         if snapshot is not None:
-            return _walk(snapshot, since_verified)
+            report, mark = _walk(snapshot, since_verified), snapshot.mark
+    if snapshot is not None:
+        from .store.actscheck import check_acts
+
+        return check_acts(store, report, mark if report.check == "incremental" else None)
     head = store.chain_head()  # any other StateStore: its head first, then its rows up to it
     limit = None if head is None else head[0]
     rows: Iterable[Receipt | UnreadableReceipt] = store.receipts()
@@ -392,12 +411,17 @@ def _walk(snapshot: Any, since_verified: bool) -> ChainReport:
     walk = ChainWalk()
     walk.add_unchained(snapshot.unchained)
     mark = snapshot.mark if since_verified else None
-    if mark is None or mark.seq < 1:  # no mark (or one before any receipt): the full check
-        start, check, first = 0, "full", 1
-    else:
+    checkpoint = snapshot.checkpoint  # (seq, hash) where a prune left the chain, or None
+    pruned = None if checkpoint is None else checkpoint[0]
+    if mark is not None and mark.seq >= 1 and (pruned is None or mark.seq > pruned):
         walk.start_at_mark((mark.seq, mark.hash), snapshot.row_at(mark.seq))
         start, check, first = mark.seq, "incremental", mark.seq
+    elif checkpoint is not None:  # a full check of a pruned chain starts at its checkpoint
+        walk.start_at_checkpoint(*checkpoint)
+        start, check, first = checkpoint[0], "full", checkpoint[0] + 1
+    else:  # no mark (or one before any receipt): the full check
+        start, check, first = 0, "full", 1
     add = walk.add_stored
     for seq, receipt_id, text, stored in snapshot.rows_after(start):
         add(seq, receipt_id, text, stored)
-    return walk.report(snapshot.head, check=check, from_seq=first)
+    return walk.report(snapshot.head, check=check, from_seq=first, pruned_through=pruned)

@@ -25,9 +25,22 @@ __all__ = ["print_report", "verify_chain_command"]
 def _range_line(report: ChainReport) -> str:
     if report.check == "incremental":
         return f"incremental check of seq {report.from_seq}..{report.to_seq} (mark at {report.from_seq})"
+    pruned = "" if report.pruned_through is None else f" (pruned through seq {report.pruned_through})"
     if report.to_seq < report.from_seq:
         return "full check of an empty chain"
-    return f"full check of seq {report.from_seq}..{report.to_seq}"
+    return f"full check of seq {report.from_seq}..{report.to_seq}{pruned}"
+
+
+def _acts_line(report: ChainReport) -> str | None:
+    if report.acts_head_seq is None:
+        return None
+    if report.check == "incremental":
+        line = f"acts: {report.acts_verified} operator acts verified after the mark (head at seq {report.acts_head_seq})"
+    else:
+        line = f"acts: {report.acts_verified} of {report.acts_head_seq} operator acts verified"
+    if report.not_covered is not None:
+        line += f"; receipts 1..{report.not_covered} predate the acts chain (not covered)"
+    return line
 
 
 def print_report(report: ChainReport, as_json: bool) -> None:
@@ -39,6 +52,9 @@ def print_report(report: ChainReport, as_json: bool) -> None:
         if report.unchained:
             say(f"       {report.unchained} written before the chain existed (unchained)")
         say(_range_line(report))
+        acts = _acts_line(report)
+        if acts is not None:
+            say(acts)
         for chain_break in report.breaks:
             where = "" if chain_break.seq is None else f" at seq {chain_break.seq}"
             say(f"  {chain_break.name}{where}: {chain_break.detail}")

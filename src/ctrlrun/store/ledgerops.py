@@ -8,9 +8,12 @@ from datetime import datetime
 from typing import TypeVar
 
 from .._ledger import Consumption, DelegationRecord
+from .._time import format_precise
+from ..acts import ActKind
 from ..effect import check_line_text
 from ..errors import InvalidArgument
 from ..receipt import Event
+from .evidenceops import record_act
 from .ledger import check_delegation, check_filter, check_moment
 from .rows import Tx
 from .steps import _check_id, _stored, event_rows
@@ -48,7 +51,11 @@ class LedgerOps:
                     "written once: mint a new id for a new delegation"
                 )
             tx.returning = True
-            return _stored(tx, rows, tx.insert_events(rows)) if rows else ()
+            stored = _stored(tx, rows, tx.insert_events(rows)) if rows else ()
+            by = record.created_by_user or record.created_by_agent
+            record_act(tx, now, ActKind.DELEGATE, record.delegation_id, by,
+                       {"parent_id": record.parent_id, "depth": record.depth, "via": record.created_via})  # fmt: skip
+            return stored
 
         return self._write(put)
 
@@ -103,6 +110,7 @@ class LedgerOps:
                 rows = event_rows(events(revoked))
                 if rows:
                     tx.insert_events(rows)
+            record_act(tx, now, ActKind.REVOKE, delegation_id, by, {"at": format_precise(at)})
             return True
 
         return self._write(revoke)

@@ -24,6 +24,7 @@ from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..errors import InvalidArgument
 from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
+from .evidencemem import EvidenceData, MemoryEvidenceRows
 from .ledger import consumption_from_row, delegation_from_row, delegation_to_row
 from .ops import EventsFn, StoreOps
 from .rows import KeptWrite, Tx, TxSteps
@@ -49,9 +50,10 @@ class _Data:
     ledger_by_budget: dict[tuple[str, str], list[int]] = field(default_factory=dict)
     ledger_by_key: dict[str, list[int]] = field(default_factory=dict)
     ledger_taken: set[tuple[str, int, str, str]] = field(default_factory=set)
+    evidence: EvidenceData = field(default_factory=EvidenceData)
 
 
-class _MemoryTx(TxSteps):
+class _MemoryTx(MemoryEvidenceRows, TxSteps):
     """Row operations over the store's dicts; writes stay in an overlay until ``commit``."""
 
     def __init__(self, data: _Data) -> None:
@@ -84,6 +86,7 @@ class _MemoryTx(TxSteps):
             data.ledger_by_budget.setdefault((row["grant_id"], row["metric"]), []).append(row_id)
             data.ledger_by_key.setdefault(row["effect_key"], []).append(row_id)
             data.ledger_taken.add((row["effect_key"], row["attempt"], row["grant_id"], row["metric"]))
+        self.commit_evidence()
 
     # effects
     def _effect_row(self, effect_key: str) -> Row | None:

@@ -42,6 +42,8 @@ from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
 from .ledger import charge, check_charges
+from ..acts import ActKind
+from .evidenceops import EvidenceOps, record_act
 from .ledgerops import LedgerOps
 from .reads import ReadOps
 from .rows import KeptWrite, Tx, TxSteps
@@ -73,7 +75,7 @@ from .steps import (  # noqa: F401  (the shared steps, written once)
 # --------------------------------------------------------------------------- the store API
 
 
-class StoreOps(ReadOps, LedgerOps):
+class StoreOps(ReadOps, LedgerOps, EvidenceOps):
     """The whole store API over ``_write``/``_read``, which a backend implements.
 
     Beyond the ``StateStore`` protocol it offers what only tests, benchmarks and tools call: the
@@ -203,6 +205,9 @@ class StoreOps(ReadOps, LedgerOps):
         def resolve(tx: Tx, now: datetime) -> EffectRecord:
             record = _transition(tx, effect_key, lambda r: check_resolve(r, effect_key, state, resolver, now))
             _answered(tx, events, record, now)
+            record_act(tx, now, ActKind.RESOLVE, effect_key, resolver, {
+                "state": record.state.value, "attempt": record.attempt, "action_id": record.action_id,
+            })  # fmt: skip
             return record
 
         return self._write(resolve)
@@ -261,6 +266,12 @@ class StoreOps(ReadOps, LedgerOps):
                 lambda r: apply_grant(r, approver, now, verified, edited_action=edited_action),
             )  # fmt: skip
             _answered(tx, events, record, now)
+            kind = ActKind.GRANT if edited_action is None else ActKind.GRANT_EDITED
+            record_act(tx, now, kind, approval_id, approver, {
+                "action_hash": record.action_hash, "status": record.status.value,
+                "edited_from": None if edited_action is None else record.request.action_hash,
+                "verified": verified is not None,
+            })  # fmt: skip
             return record
 
         record = self._write(grant)
@@ -277,6 +288,8 @@ class StoreOps(ReadOps, LedgerOps):
         def deny(tx: Tx, now: datetime) -> None:
             record = _answer(tx, approval_id, now, lambda r: apply_deny(r, approver, now, verified))
             _answered(tx, events, record, now)
+            record_act(tx, now, ActKind.DENY, approval_id, approver,
+                       {"action_hash": record.action_hash, "verified": verified is not None})  # fmt: skip
 
         self._write(deny)
 

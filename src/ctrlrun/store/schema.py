@@ -27,17 +27,18 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     inspect,
+    literal,
+    or_,
     select,
     text,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.schema import CreateColumn, CreateIndex, CreateTable, ExecutableDDLElement
-from sqlalchemy.sql.compiler import DDLCompiler, GenericTypeCompiler
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .._time import format_precise, utc_now
 from ..errors import SchemaMismatch
 from ..receipt import GENESIS_HASH
+from .ddl import AddColumn, BytewiseText, FillReceiptApprovals
 
 __all__ = [
     "HEAD",
@@ -48,6 +49,10 @@ __all__ = [
     "FillReceiptApprovals",
     "Migration",
     "apply_migrations",
+    "acts",
+    "acts_chain",
+    "acts_legacy",
+    "anchors",
     "approvals",
     "budget_ledger",
     "classify",
@@ -56,7 +61,9 @@ __all__ = [
     "events",
     "metadata",
     "migration_sql",
+    "holds",
     "notifications",
+    "prune_checkpoint",
     "read_schema",
     "receipt_chain",
     "receipts",
@@ -67,25 +74,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- column types
-
-
-class BytewiseText(Text):
-    """Text that compares byte by byte on every dialect, so identifiers never fold and ISO
-    timestamps sort like the times they spell.
-
-    Postgres DDL declares it ``TEXT COLLATE "C"``; SQLite's ``TEXT`` already compares bytewise.
-    Only the DDL says so: bound parameters stay plain text, as for any ``Text`` column.
-    """
-
-
-@compiles(BytewiseText, "postgresql")
-def _bytewise_postgresql(type_: BytewiseText, compiler: GenericTypeCompiler, **kw: Any) -> str:
-    return 'TEXT COLLATE "C"'
-
-
-@compiles(BytewiseText)
-def _bytewise_default(type_: BytewiseText, compiler: GenericTypeCompiler, **kw: Any) -> str:
-    return compiler.visit_TEXT(type_, **kw)
 
 
 # A counter that may pass 2**31 (event ids, receipt sequence numbers): BIGINT on Postgres. SQLite
@@ -274,63 +262,78 @@ verified_mark = Table(
     Column("seq", _COUNTER, nullable=False),
     Column("hash", _ID, nullable=False),
     Column("verified_at", _ID, nullable=False),
+    Column("acts_seq", _COUNTER),  # the acts chain's head it verified too
+    Column("acts_hash", _ID),
 )
 
+# The operator acts chain: one row per act, hash-chained like receipts, and its one head row.
+# ``covers_from``: the first receipt seq the cross-check covers (1 for a store made with it).
+acts = Table(
+    "acts",
+    metadata,
+    _key("seq", _COUNTER),
+    Column("kind", _ID, nullable=False),
+    Column("subject", _ID, nullable=False),
+    Column("json", _JSON, nullable=False),
+    Column("hash", _ID, nullable=False),
+)
+Index("acts_subject", acts.c.subject, acts.c.kind)
 
-class AddColumn(ExecutableDDLElement):
-    """``ALTER TABLE <table> ADD COLUMN <the column as the MetaData declares it>``."""
+acts_chain = Table(
+    "acts_chain",
+    metadata,
+    _key("id", Integer, CheckConstraint("id = 1")),
+    Column("seq", _COUNTER, nullable=False),
+    Column("hash", _ID, nullable=False),
+    Column("covers_from", _COUNTER, nullable=False),
+)
 
-    inherit_cache = False
+# The answers a store held when the acts chain was added (grants by request id, resolutions by
+# key and attempt): accounted for without an act. Written once, by that migration.
+acts_legacy = Table(
+    "acts_legacy",
+    metadata,
+    _key("kind", _ID),
+    _key("subject", _ID),
+    _key("attempt", Integer),
+)
 
-    def __init__(self, column: Column[Any]) -> None:
-        self.column = column
+# Where a prune left the chain: the last deleted receipt's seq and hash (the one row).
+prune_checkpoint = Table(
+    "prune_checkpoint",
+    metadata,
+    _key("id", Integer, CheckConstraint("id = 1")),
+    Column("seq", _COUNTER, nullable=False),
+    Column("hash", _ID, nullable=False),
+    Column("schema", _ID, nullable=False),
+    Column("at", _ID, nullable=False),
+)
 
+holds = Table(
+    "holds",
+    metadata,
+    _key("hold_id", _ID),
+    Column("from_seq", _COUNTER, nullable=False),
+    Column("to_seq", _COUNTER),  # NULL: open-ended, everything written later too
+    Column("reason", Text, nullable=False),
+    Column("placed_by", _ID, nullable=False),
+    Column("placed_at", _ID, nullable=False),
+    Column("released_by", _ID),
+    Column("released_at", _ID),
+)
 
-@compiles(AddColumn)
-def _add_column(element: AddColumn, compiler: DDLCompiler, **kw: Any) -> str:
-    table = compiler.preparer.format_table(element.column.table)
-    return f"ALTER TABLE {table} ADD COLUMN {compiler.process(CreateColumn(element.column), **kw)}"
-
-
-class FillReceiptApprovals(ExecutableDDLElement):
-    """Copy each stored receipt document's ``approval_id`` into its column, for rows written
-    before the column existed; a row whose text is not JSON is left ``NULL``."""
-
-    inherit_cache = False
-
-
-_PG_FILL = """DO $fill$
-DECLARE r record;
-BEGIN
-  BEGIN
-    UPDATE {t} SET approval_id = json::jsonb ->> 'approval_id'
-    WHERE approval_id IS NULL AND position('"approval_id":"' in json) > 0;
-  EXCEPTION WHEN others THEN  -- a row that is not JSON: fill the others one by one
-    FOR r IN SELECT receipt_id, json FROM {t}
-             WHERE approval_id IS NULL AND position('"approval_id":"' in json) > 0 LOOP
-      BEGIN
-        UPDATE {t} SET approval_id = r.json::jsonb ->> 'approval_id'
-        WHERE receipt_id = r.receipt_id;
-      EXCEPTION WHEN others THEN NULL;
-      END;
-    END LOOP;
-  END;
-END $fill$"""
-
-
-@compiles(FillReceiptApprovals, "postgresql")
-def _fill_postgresql(element: FillReceiptApprovals, compiler: DDLCompiler, **kw: Any) -> str:
-    return _PG_FILL.replace("{t}", compiler.preparer.format_table(receipts))
-
-
-@compiles(FillReceiptApprovals)
-def _fill_default(element: FillReceiptApprovals, compiler: DDLCompiler, **kw: Any) -> str:
-    table = compiler.preparer.format_table(receipts)
-    return (
-        f"UPDATE {table} SET approval_id = CASE WHEN json_valid(json) THEN CASE WHEN "
-        "json_type(json, '$.approval_id') = 'text' THEN json_extract(json, '$.approval_id') "
-        "END END WHERE approval_id IS NULL AND instr(json, '\"approval_id\":\"') > 0"
-    )
+# A local note of the anchors made from this store; the provider's history is the evidence.
+anchors = Table(
+    "anchors",
+    metadata,
+    Column("id", _COUNTER, Identity(always=True), primary_key=True),
+    Column("kind", _ID, nullable=False),
+    Column("seq", _COUNTER, nullable=False),
+    Column("hash", _ID, nullable=False),
+    Column("token", Text, nullable=False),
+    Column("at", _ID, nullable=False),
+    sqlite_autoincrement=True,
+)
 
 
 @dataclass(frozen=True)
@@ -405,12 +408,43 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
                 _index(receipts, "receipts_effect_key"),
                 AddColumn(receipts.c.approval_id),
                 _index(receipts, "receipts_approval_id"),
-                FillReceiptApprovals(),
+                FillReceiptApprovals(receipts),
                 _index(events, "events_action_id"),
                 _index(events, "events_approval_id"),
             ),
         ),
         Migration("0006_verified_mark", (CreateTable(verified_mark),)),
+        Migration(
+            "0007_evidence",
+            (
+                CreateTable(acts),
+                _index(acts, "acts_subject"),
+                CreateTable(acts_chain),
+                acts_chain.insert().from_select(
+                    ["id", "seq", "hash", "covers_from"],
+                    select(literal(1), literal(0), literal(GENESIS_HASH), receipt_chain.c.seq + 1)
+                    .where(receipt_chain.c.id == 1),
+                ),
+                CreateTable(acts_legacy),
+                acts_legacy.insert().from_select(
+                    ["kind", "subject", "attempt"],
+                    select(literal("grant"), approvals.c.approval_id, literal(0)).where(or_(
+                        approvals.c.status.in_(("granted", "consumed")), approvals.c.approvers != "[]",
+                    )),
+                ),
+                acts_legacy.insert().from_select(
+                    ["kind", "subject", "attempt"],
+                    select(literal("resolve"), effects.c.effect_key, effects.c.attempt).where(or_(
+                        effects.c.resolved_by.is_not(None), effects.c.state.in_(("committed", "failed")),
+                    )),
+                ),
+                CreateTable(prune_checkpoint),
+                CreateTable(holds),
+                CreateTable(anchors),
+                AddColumn(verified_mark.c.acts_seq),
+                AddColumn(verified_mark.c.acts_hash),
+            ),
+        ),
     )
 )
 

@@ -28,6 +28,7 @@ class Snapshot:
     head: tuple[int, str] | None
     mark: VerifiedMark | None
     unchained: int
+    checkpoint: tuple[int, str] | None = None  # where a prune left the chain
 
     def row_at(self, seq: int) -> tuple[Any, Any, Any] | None:  # pragma: no cover - per kind
         """``(receipt_id, json, hash)`` of the receipt at ``seq``."""
@@ -48,6 +49,8 @@ class _SQLiteSnapshot(Snapshot):
         self.head = None if row is None else (int(row[0]), str(row[1]))
         self.mark = mark_of(dbapi.execute(MARK_SELECT).fetchone()) if since_verified else None
         self.unchained = int(dbapi.execute("SELECT count(*) FROM receipts WHERE seq IS NULL").fetchone()[0])
+        row = dbapi.execute("SELECT seq, hash FROM prune_checkpoint WHERE id = 1").fetchone()
+        self.checkpoint = None if row is None else (int(row[0]), str(row[1]))
 
     def row_at(self, seq: int) -> tuple[Any, Any, Any] | None:
         row = self._db.execute("SELECT receipt_id, json, hash FROM receipts WHERE seq = ?", (seq,)).fetchone()
@@ -91,7 +94,7 @@ class _PostgresSnapshot(Snapshot):
     def __init__(self, conn: Any, since_verified: bool) -> None:
         from sqlalchemy import func, select
 
-        from .schema import receipt_chain, receipts, verified_mark
+        from .schema import prune_checkpoint, receipt_chain, receipts, verified_mark
 
         self._conn, self._receipts = conn, receipts.c
         c, m, r = receipt_chain.c, verified_mark.c, receipts.c
@@ -99,8 +102,13 @@ class _PostgresSnapshot(Snapshot):
         self.head = None if row is None else (int(row[0]), str(row[1]))
         self.mark = None
         if since_verified:
-            self.mark = mark_of(conn.execute(select(m.seq, m.hash, m.verified_at).where(m.id == 1)).first())
+            self.mark = mark_of(conn.execute(
+                select(m.seq, m.hash, m.verified_at, m.acts_seq, m.acts_hash).where(m.id == 1)
+            ).first())  # fmt: skip
         self.unchained = int(conn.execute(select(func.count()).where(r.seq.is_(None))).scalar_one())
+        p = prune_checkpoint.c
+        row = conn.execute(select(p.seq, p.hash).where(p.id == 1)).first()
+        self.checkpoint = None if row is None else (int(row[0]), str(row[1]))
 
     def row_at(self, seq: int) -> tuple[Any, Any, Any] | None:
         from sqlalchemy import select
@@ -173,6 +181,8 @@ class _MemorySnapshot(Snapshot):
         self.head = data.head
         self.mark = getattr(memory, MEMORY_ATTRIBUTE, None) if since_verified else None
         self.unchained = sum(1 for row in self._rows.values() if row["seq"] is None)
+        found = data.evidence.checkpoint
+        self.checkpoint = None if found is None else (found.seq, found.hash)
 
     def row_at(self, seq: int) -> tuple[Any, Any, Any] | None:
         for row in self._rows.values():

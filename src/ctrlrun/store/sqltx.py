@@ -13,6 +13,7 @@ from ..errors import CTRLRunError, InvalidArgument
 from ..drafts import EventRow, event_from_row
 from ..receipt import Event, Receipt, UnreadableReceipt
 from . import codec
+from .evidencesql import EvidenceRows
 from .ledgersql import LedgerRows
 from .rows import TxSteps
 from .statements import (
@@ -31,7 +32,7 @@ __all__ = ["SQLTx"]
 
 
 
-class SQLTx(LedgerRows, TxSteps):
+class SQLTx(LedgerRows, EvidenceRows, TxSteps):
     """The row operations inside one transaction (or one read) of a ``Transaction``."""
 
     def __init__(self, transaction: Any, statements: Statements) -> None:

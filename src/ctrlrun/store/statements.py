@@ -112,8 +112,10 @@ class Statements:
         self.chain: Table = tables["receipt_chain"]
         self.delegations: Table = tables["delegations"]
         self.ledger: Table = tables["budget_ledger"]
+        self.tables = tables
         self.schema = schema
         self._ledger_sql: Any = None
+        self._evidence_sql: Any = None
         self._cache: dict[Any, Compiled] = {}
         e, c = self.effects, self.chain
         cas = (e.c.effect_key == bindparam("w_key"), e.c.state == bindparam("w_state"),
@@ -171,6 +173,15 @@ class Statements:
 
             self._ledger_sql = LedgerStatements(self)
         return self._ledger_sql
+
+    @property
+    def evidence_sql(self) -> Any:
+        """The acts chain, holds and prune statements (``EvidenceStatements``), compiled on first use."""
+        if self._evidence_sql is None:
+            from .evidencesql import EvidenceStatements
+
+            self._evidence_sql = EvidenceStatements(self)
+        return self._evidence_sql
 
     def compile(self, statement: ClauseElement) -> Compiled:
         compiled: Any = statement.compile(dialect=self.dialect)

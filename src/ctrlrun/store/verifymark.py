@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["VerifiedMark", "mark_verified", "read_mark", "verify_and_mark", "write_mark"]
 
 MEMORY_ATTRIBUTE = "verified_mark"  # where an InMemoryStateStore keeps its mark
-MARK_SELECT = "SELECT seq, hash, verified_at FROM verified_mark WHERE id = 1"  # SQLite
+MARK_SELECT = "SELECT seq, hash, verified_at, acts_seq, acts_hash FROM verified_mark WHERE id = 1"  # SQLite
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,11 +30,16 @@ class VerifiedMark:
     seq: int
     hash: str
     verified_at: str
+    acts_seq: int | None = None  # the acts chain's head it verified too (None: not recorded)
+    acts_hash: str | None = None
 
 
 def mark_of(row: Any) -> VerifiedMark | None:
-    """A ``(seq, hash, verified_at)`` row as a mark (``None`` for no row)."""
-    return None if row is None else VerifiedMark(int(row[0]), str(row[1]), str(row[2]))
+    """A ``(seq, hash, verified_at[, acts_seq, acts_hash])`` row as a mark (``None`` for no row)."""
+    if row is None:
+        return None
+    acts = (int(row[3]), str(row[4])) if len(row) > 4 and row[3] is not None and row[4] is not None else (None, None)
+    return VerifiedMark(int(row[0]), str(row[1]), str(row[2]), *acts)
 
 
 def _kind(store: Any) -> str:
@@ -66,15 +71,20 @@ def read_mark(store: Any) -> VerifiedMark | None:
     table = verified_mark.c
     try:
         with store.engine.connect() as conn:
-            row = conn.execute(select(table.seq, table.hash, table.verified_at).where(table.id == 1)).first()
+            row = conn.execute(
+                select(table.seq, table.hash, table.verified_at, table.acts_seq, table.acts_hash).where(table.id == 1)
+            ).first()
     except SQLAlchemyError as exc:
         raise store._driver_error(exc, "reading the verified mark") from None
     return mark_of(row)
 
 
-def write_mark(store: Any, seq: int, hash: str, at: datetime) -> VerifiedMark:
-    """Set the mark to ``(seq, hash)``, verified ``at`` (one statement: it is written whole)."""
-    mark = VerifiedMark(seq, hash, format_precise(at))
+def write_mark(
+    store: Any, seq: int, hash: str, at: datetime, acts: tuple[int, str] | None = None
+) -> VerifiedMark:
+    """Set the mark to ``(seq, hash)`` (and the acts head it verified), verified ``at`` (one
+    statement: it is written whole)."""
+    mark = VerifiedMark(seq, hash, format_precise(at), *(acts or (None, None)))
     kind = _kind(store)
     if kind == "memory":
         with store._lock:
@@ -88,7 +98,8 @@ def write_mark(store: Any, seq: int, hash: str, at: datetime) -> VerifiedMark:
         from sqlalchemy.dialects.sqlite import insert
     else:
         from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
-    values = {"seq": mark.seq, "hash": mark.hash, "verified_at": mark.verified_at}
+    values = {"seq": mark.seq, "hash": mark.hash, "verified_at": mark.verified_at,
+              "acts_seq": mark.acts_seq, "acts_hash": mark.acts_hash}  # fmt: skip
     statement = insert(verified_mark).values(id=1, **values)
     statement = statement.on_conflict_do_update(index_elements=["id"], set_=values)
     try:
@@ -104,7 +115,10 @@ def mark_verified(store: Any, report: ChainReport, at: datetime) -> VerifiedMark
     """Move the mark to the head ``report`` verified; a failed check moves nothing (``None``)."""
     if not report.ok or report.head_hash is None:
         return None
-    return write_mark(store, report.to_seq, report.head_hash, at)
+    acts = None
+    if report.acts_head_seq is not None and report.acts_head_hash is not None:
+        acts = (report.acts_head_seq, report.acts_head_hash)
+    return write_mark(store, report.to_seq, report.head_hash, at, acts)
 
 
 def verify_and_mark(store: Any, *, since_verified: bool = False, at: datetime | None = None) -> ChainReport:
