@@ -63,9 +63,16 @@ class Act:
     prev_hash: str
     hash: str
 
+    def document(self) -> dict[str, Any]:
+        """What the act's hash covers."""
+        return act_document(self.seq, self.prev_hash, self.kind, self.subject, self.by, self.at,
+                            self.receipt_seq, self.detail)  # fmt: skip
+
+    def rehash(self) -> str:
+        return act_hash(self.document())
+
     def to_dict(self) -> dict[str, Any]:
-        return {**act_document(self.seq, self.prev_hash, self.kind, self.subject, self.by,
-                               self.at, self.receipt_seq, self.detail), "hash": self.hash}  # fmt: skip
+        return {**self.document(), "hash": self.hash}
 
 
 def act_document(
@@ -124,10 +131,7 @@ class ActsWalk:
             self.breaks.append(("missing", self.expected_seq,
                                 f"acts chain: act seq {self.expected_seq}..{seq - 1} is not in the store"))  # fmt: skip
         act = act_from_row(seq, text, stored)
-        recomputed = None
-        if act is not None:
-            recomputed = act_hash(act_document(act.seq, act.prev_hash, act.kind, act.subject,
-                                               act.by, act.at, act.receipt_seq, act.detail))  # fmt: skip
+        recomputed = None if act is None else act.rehash()
         ok = False
         if act is None or act.seq != seq:
             self.breaks.append(("content_altered", seq, f"acts chain: act {seq} is not a readable act document"))

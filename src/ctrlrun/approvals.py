@@ -211,8 +211,13 @@ class ApprovalRecord:
     def as_approval(self) -> Approval:
         """The ``Approval`` this record grants; an ungranted record refuses."""
         granted = (ApprovalStatus.GRANTED, ApprovalStatus.CONSUMED)
-        if self.status not in granted or self.granted_at is None:
+        if self.status not in granted:
             raise InvalidArgument(f"approval {self.approval_id} is {self.status}, not granted")
+        if self.granted_at is None:
+            raise InvalidArgument(
+                f"approval {self.approval_id} is {self.status} but records no grant time: the "
+                "record was altered outside ctrlrun (run `ctrlrun receipts --verify-chain`)"
+            )
         return Approval(
             self.approval_id,
             self.action_hash,

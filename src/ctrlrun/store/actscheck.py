@@ -65,7 +65,8 @@ def _walk_acts(read: Any, head_seq: int, mark: VerifiedMark | None) -> ActsWalk:
     else:
         walk, after = ActsWalk((mark.acts_seq, mark.acts_hash)), mark.acts_seq
         at = read(lambda tx, now: tx.act_at(after))
-        if at is None or at[1] != mark.acts_hash:
+        act = None if at is None else act_from_row(after, at[0], at[1])
+        if act is None or act.rehash() != mark.acts_hash or at[1] != mark.acts_hash:
             walk.breaks.append(("content_altered", after,
                                 f"acts chain: the act at the verified mark (seq {after}) no longer "
                                 f"hashes to the mark's {mark.acts_hash}"))  # fmt: skip
