@@ -246,7 +246,7 @@ def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta) -> PruneP
     if found is not None:
         seq, key, state = found
         raise PruneRefused(
-            f"refusing to prune seq {first}..{through}: receipt {seq} is of effect {key!r}, which "
+            f"refusing to prune seq {first}..{through}: the receipt at seq {seq} is of effect {key!r}, which "
             f"is still {state}; settle it first (`ctrlrun effects --state {state}`, `ctrlrun resolve`)",
             seq=seq, reason="unsettled",
         )  # fmt: skip
@@ -254,7 +254,7 @@ def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta) -> PruneP
     if found is not None:
         seq, approval_id = found
         raise PruneRefused(
-            f"refusing to prune seq {first}..{through}: receipt {seq} names approval "
+            f"refusing to prune seq {first}..{through}: the receipt at seq {seq} names approval "
             f"{approval_id}, which is still pending; answer it or let it expire first",
             seq=seq, reason="pending",
         )  # fmt: skip
@@ -262,7 +262,7 @@ def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta) -> PruneP
     if found is not None:
         seq, key, at = found
         raise PruneRefused(
-            f"refusing to prune seq {first}..{through}: receipt {seq} is of effect {key!r}, whose "
+            f"refusing to prune seq {first}..{through}: the receipt at seq {seq} is of effect {key!r}, whose "
             f"budget charge at {at} is newer than --older-than; prune through seq {seq - 1}, or "
             "wait until the charge is older",
             seq=seq, reason="ledger",

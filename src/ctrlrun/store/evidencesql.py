@@ -64,7 +64,7 @@ class EvidenceStatements:
         self.checkpoint = compile(select(ckpt.c.seq, ckpt.c.hash, ckpt.c.schema, ckpt.c.at).where(ckpt.c.id == _ONE))
         values: dict[str, Any] = {n: bindparam(n) for n in ("seq", "hash", "schema", "at")}
         self.set_checkpoint = compile(
-            ins(ckpt).values(id=_ONE, **values)
+            ins(ckpt).values(id=_ONE, **values).inline()  # inline: no implicit RETURNING to read
             .on_conflict_do_update(index_elements=["id"], set_=values)
         )  # fmt: skip
         self.holds = compile(select(*holds.c).order_by(holds.c.placed_at, holds.c.hold_id))
@@ -77,7 +77,7 @@ class EvidenceStatements:
             .values(released_by=bindparam("by"), released_at=bindparam("at"))
         )  # fmt: skip
         self.note_anchor = compile(
-            self.anchors.insert().values({n: bindparam(n) for n in ("kind", "seq", "hash", "token", "at")})
+            self.anchors.insert().values({n: bindparam(n) for n in ("kind", "seq", "hash", "token", "at")}).inline()
         )
         self.receipt_at = compile(
             select(r.c.receipt_id, r.c.json, r.c.prev_hash, r.c.hash).where(r.c.seq == bindparam("seq"))
@@ -152,8 +152,8 @@ class EvidenceRows:
 
     # the acts chain
     def advance_acts(self) -> tuple[int, str] | None:
-        row = self._ev("advance", {}).fetchone()
-        return None if row is None else (int(row[0]), str(row[1]))
+        rows = self._ev("advance", {}).fetchall()  # RETURNING: read to the end, or SQLite cannot commit
+        return None if not rows else (int(rows[0][0]), str(rows[0][1]))
 
     def insert_act(self, seq: int, kind: str, subject: str, text: str, hash: str) -> None:
         self._ev("insert_act", {"seq": seq, "kind": kind, "subject": subject, "json": text, "hash": hash})
@@ -193,7 +193,7 @@ class EvidenceRows:
 
     def insert_hold(self, hold: Hold) -> bool:
         values = {n: getattr(hold, n) for n in _HOLD_FIELDS}
-        return self._ev("insert_hold", values).fetchone() is not None
+        return bool(self._ev("insert_hold", values).fetchall())
 
     def release_hold(self, hold_id: str, by: str, at: str) -> bool:
         return bool(self._ev("release_hold", {"id": hold_id, "by": by, "at": at}).rowcount == 1)
