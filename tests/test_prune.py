@@ -217,7 +217,7 @@ def test_prune_and_hold_commands(project):
     assert released.code == 0 and "released by counsel" in released.out
     assert "released by counsel" in invoke(["hold", "list", *url], clock=project.clock).out
     bad = invoke(["prune", "--through", "7", "--older-than", "soon", "--by", "o", "--reason", "r", *url])
-    assert bad.code == 1 and "is not an integer and a unit" in bad.err
+    assert bad.code == 2 and "is not an integer and a unit" in bad.err
 
 
 # ---------------------------------------------------------------- real processes

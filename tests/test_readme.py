@@ -22,6 +22,7 @@ APPROVAL = re.compile(r"(?:apr|dlg)_[0-9a-f]{32}")  # ids a later command names 
 VOLATILE = {
     "timestamp": r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",
     "receipt id": r"ctr_[0-9a-f]{32}",
+    "hash": r"sha256:[0-9a-f]{64}",
 }
 VOLATILE_RE = re.compile("|".join(f"(?:{p})" for p in VOLATILE.values()))
 

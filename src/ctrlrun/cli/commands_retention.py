@@ -45,7 +45,7 @@ def _evidence(store: Any) -> Any:
 
 
 @click.command()
-@click.option("--through", "through", type=int, required=True, help="Delete receipts 1..SEQ (never the head).")
+@click.option("--through", "through", type=click.IntRange(min=1), required=True, help="Delete receipts 1..SEQ (never the head).")
 @click.option("--older-than", "older_than", required=True, metavar="DURATION",
               help="Refuse while a budget charge of a pruned receipt is newer than this (90d, 12h, 30m, 45s).")
 @click.option("--by", "by", required=True, help="Who prunes (recorded).")
@@ -57,7 +57,10 @@ def _evidence(store: Any) -> Any:
 def prune(settings: Settings, through: int, older_than: str, by: str, reason: str,
           provider: str | None, as_json: bool, store_url: str | None) -> None:  # fmt: skip
     """Delete the receipts through SEQ in batches behind a checkpoint; the chain verifies across the gap."""
-    age = parse_duration(older_than)
+    try:
+        age = parse_duration(older_than)
+    except InvalidArgument as bad:
+        raise click.BadParameter(str(bad), param_hint="'--older-than'") from None
     anchoring = load_object(provider) if provider else None
     with open_operator_store(settings, store_url) as opened:
         store = _evidence(opened)
@@ -109,8 +112,8 @@ def hold() -> None:
 
 @hold.command("place")
 @click.option("--id", "hold_id", required=True, help="A name for the hold (used once).")
-@click.option("--from-seq", "from_seq", type=int, required=True, help="First receipt seq kept (may lie above the head).")
-@click.option("--to-seq", "to_seq", type=int, help="Last receipt seq kept; without it, everything from --from-seq on.")
+@click.option("--from-seq", "from_seq", type=click.IntRange(min=1), required=True, help="First receipt seq kept (may lie above the head).")
+@click.option("--to-seq", "to_seq", type=click.IntRange(min=1), help="Last receipt seq kept; without it, everything from --from-seq on.")
 @click.option("--reason", "reason", required=True, help="Why (recorded).")
 @click.option("--by", "by", required=True, help="Who places it (recorded).")
 @store_url_option
@@ -147,7 +150,20 @@ def list_holds(settings: Settings, as_json: bool, store_url: str | None) -> None
         if as_json:
             say_raw(compact_json(h.to_dict()))
             continue
-        state = "live" if h.live else f"released by {h.released_by} at {h.released_at}"
-        say(f"{h.hold_id}  seq {h.span()}  {state}  placed by {h.placed_by} at {h.placed_at}  reason: {h.reason}")
+        state = "live" if h.live else f"released by {h.released_by} at {_shown(h.released_at)}"
+        say(f"{h.hold_id}  seq {h.span()}  {state}  placed by {h.placed_by} at {_shown(h.placed_at)}  "
+            f"reason: {h.reason}")  # fmt: skip
     if not holds and not as_json:
         say("no holds")
+
+
+def _shown(stamp: str | None) -> str:
+    """A stored time as every listing prints it (milliseconds, ``Z``)."""
+    from datetime import datetime
+
+    from .._time import format_ts
+
+    try:
+        return format_ts(datetime.fromisoformat(stamp or ""))
+    except ValueError:
+        return stamp or "-"

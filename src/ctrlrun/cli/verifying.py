@@ -35,7 +35,7 @@ def _acts_line(report: ChainReport) -> str | None:
     if report.acts_head_seq is None:
         return None
     if report.check == "incremental":
-        line = f"acts: {report.acts_verified} operator acts verified after the mark (head at seq {report.acts_head_seq})"
+        line = f"acts: {report.acts_verified} operator acts verified since the mark (head at seq {report.acts_head_seq})"
     else:
         line = f"acts: {report.acts_verified} of {report.acts_head_seq} operator acts verified"
     if report.not_covered is not None:

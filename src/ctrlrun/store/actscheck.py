@@ -70,6 +70,8 @@ def _walk_acts(read: Any, head_seq: int, mark: VerifiedMark | None) -> ActsWalk:
             walk.breaks.append(("content_altered", after,
                                 f"acts chain: the act at the verified mark (seq {after}) no longer "
                                 f"hashes to the mark's {mark.acts_hash}"))  # fmt: skip
+        else:
+            walk.verified += 1  # re-hashed, as the receipt at the mark is
     while after < head_seq:
         rows = read(lambda tx, now: tx.acts_page(after, _PAGE))
         rows = [r for r in rows if r[0] <= head_seq]

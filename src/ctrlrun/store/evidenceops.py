@@ -198,7 +198,7 @@ class EvidenceOps:
         receipt_id = new_id("ctr")
 
         def first_batch(tx: Any, now: datetime) -> tuple[int, Checkpoint]:
-            again = _plan(tx, now, through, older_than)  # nothing moved under the plan (a new hold)
+            again = _plan(tx, now, through, older_than, scan=False)  # nothing moved under the plan (a new hold)
             deleted, checkpoint = _delete_batch(tx, now, again.through, batch)
             record_act(tx, now, ActKind.PRUNE, receipt_id, by,
                        {"from_seq": again.first, "through": again.through, "reason": reason})  # fmt: skip
@@ -223,7 +223,10 @@ class EvidenceOps:
         return PruneResult(plan.first, plan.through, deleted, batches, checkpoint, receipt_id)
 
 
-def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta) -> PrunePlan:
+def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta, *, scan: bool = True) -> PrunePlan:
+    """The range a prune deletes, or its refusal. ``scan=False`` (inside the first batch's write
+    transaction) re-checks only the head, checkpoint, holds and junction, never the range's rows,
+    so that transaction stays one batch long."""
     head = tx.head()
     if head is None:
         raise PruneRefused("the receipt chain head row is missing; nothing can be pruned", reason="head")
@@ -242,6 +245,14 @@ def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta) -> PruneP
             "from its checkpoint; prune through another seq",
             seq=through + 1, reason="break",
         )  # fmt: skip
+    if scan:
+        _scan(tx, now, first, through, older_than)
+    return PrunePlan(first, through, str(last[3]), head[0])
+
+
+def _scan(tx: Any, now: datetime, first: int, through: int, older_than: timedelta) -> None:
+    """Refuse when a receipt in the range is of an unsettled effect, a pending approval or a
+    budget charge newer than ``older_than``."""
     found = tx.prune_blocker("unsettled", first, through)
     if found is not None:
         seq, key, state = found
@@ -267,7 +278,6 @@ def _plan(tx: Any, now: datetime, through: Any, older_than: timedelta) -> PruneP
             "wait until the charge is older",
             seq=seq, reason="ledger",
         )  # fmt: skip
-    return PrunePlan(first, through, str(last[3]), head[0])
 
 
 def _delete_batch(tx: Any, now: datetime, through: int, batch: int) -> tuple[int, Checkpoint]:
