@@ -72,6 +72,7 @@ class Control:
         require_approved_policy: bool = False,
         upstream: str | None = None,
         anchor: Any = None,
+        anchor_every: int | None = None,
     ) -> None:
         from .policy import Policy  # the engine (YAML, pydantic) loads with the first Control
 
@@ -87,7 +88,6 @@ class Control:
             "approver_identity": approver_identity,
             "require_approved_policy": require_approved_policy or None,
             "upstream": upstream,
-            "anchor": anchor,
         }
         for name, value in later.items():
             if value is not None:
@@ -101,6 +101,12 @@ class Control:
         self._lease = _positive(lease, "Control(lease=...)")
         self._suspend_timeout = suspend_timeout
         self._sinks = tuple(sinks)
+        if anchor is not None or anchor_every is not None:
+            if anchor is None or anchor_every is None:
+                raise InvalidArgument("Control(anchor=..., anchor_every=N) go together: give both or neither")
+            from ._anchoring import AnchorEvery
+
+            self._sinks = (*self._sinks, AnchorEvery(store, anchor, anchor_every))
         self._identity = identity
         self._environment = _resolve_environment(environment, policy)
         self._policy_hash = policy.runtime_hash(self._environment)

@@ -17,6 +17,7 @@ __all__ = ["COMMANDS", "cli"]
 # Command name -> (module in ctrlrun.cli, attribute, its one-line help). ``ctrlrun --help`` lists
 # these without importing a module; a module loads when its command runs (or shows its --help).
 COMMANDS: dict[str, tuple[str, str, str]] = {
+    "anchor": ("commands_anchor", "anchor", "Record the chain heads with an anchor provider, or --verify the store against its anchors."),
     "approve": ("commands_approvals", "approve", "Grant a pending approval request (recorded as cli:local), as asked or with edits."),
     "delegate": ("commands_authority", "delegate", "Record a delegation of part of PARENT's grant; it can never be wider than its parent."),
     "demo": ("demo", "demo", "Run five failure scenarios in process, offline, in ./.ctrlrun/demo/."),

@@ -12,21 +12,30 @@ from ..retention import Hold, PruneRefused, parse_duration
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
 
-__all__ = ["hold", "load_object", "prune"]
+__all__ = ["hold", "load_object", "prune", "shown_time"]
 
 UNAVAILABLE = 3  # the exit code of an anchor that could not be made
 
 
 def load_object(spec: str, what: str = "--provider") -> Any:
     """``MODULE:ATTR`` imported from ``sys.path`` (so ``PYTHONPATH`` reaches the operator's own
-    module): the object itself."""
+    module), then from the current directory: the object itself."""
+    import os
+    import sys
     from importlib import import_module
 
     module, sep, attribute = spec.partition(":")
     if not sep or not module or not attribute:
         raise InvalidArgument(f"{what} {spec!r} is not MODULE:ATTR (e.g. myanchors:PROVIDER)")
     try:
-        loaded = import_module(module)
+        try:
+            loaded = import_module(module)
+        except ModuleNotFoundError as missing:
+            here = os.getcwd()
+            if missing.name != module.split(".")[0] or here in sys.path:
+                raise
+            sys.path.append(here)  # what `python -m` would have found
+            loaded = import_module(module)
     except Exception as exc:  # the operator's module: any error is theirs to read
         raise InvalidArgument(f"{what} {spec!r}: cannot import {module!r} ({type(exc).__name__}: {exc}); "
                               "is it on PYTHONPATH?") from None  # fmt: skip
@@ -150,14 +159,14 @@ def list_holds(settings: Settings, as_json: bool, store_url: str | None) -> None
         if as_json:
             say_raw(compact_json(h.to_dict()))
             continue
-        state = "live" if h.live else f"released by {h.released_by} at {_shown(h.released_at)}"
-        say(f"{h.hold_id}  seq {h.span()}  {state}  placed by {h.placed_by} at {_shown(h.placed_at)}  "
+        state = "live" if h.live else f"released by {h.released_by} at {shown_time(h.released_at)}"
+        say(f"{h.hold_id}  seq {h.span()}  {state}  placed by {h.placed_by} at {shown_time(h.placed_at)}  "
             f"reason: {h.reason}")  # fmt: skip
     if not holds and not as_json:
         say("no holds")
 
 
-def _shown(stamp: str | None) -> str:
+def shown_time(stamp: str | None) -> str:
     """A stored time as every listing prints it (milliseconds, ``Z``)."""
     from datetime import datetime
 
