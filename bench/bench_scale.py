@@ -331,14 +331,15 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(text: str) -> None:
+def write_docs(text: str, begin: str = BEGIN, end: str = END, heading: str = "Scale") -> None:
+    """Put ``text`` between the markers in docs/performance.md (a new section when absent)."""
     page = DOCS.read_text()
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in page and END in page:
-        before, rest = page.split(BEGIN, 1)
-        page = before + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{text}\n{end}"
+    if begin in page and end in page:
+        before, rest = page.split(begin, 1)
+        page = before + block + rest.split(end, 1)[1]
     else:
-        page = page.rstrip("\n") + "\n\n## Scale\n\n" + block + "\n"
+        page = page.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
     DOCS.write_text(page)
 
 
