@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import delete, update
 
 from ctrlrun.anchors import Anchor, AnchorProvider, AnchorUnavailable, DirectoryAnchors, RFC3161Anchors, make_anchors, verify_anchors
+from ctrlrun.errors import InvalidArgument
 from ctrlrun.store.memory import InMemoryStateStore
 
 from ._cli_helpers import invoke
@@ -394,3 +395,25 @@ def test_control_anchor_arguments_are_checked(store, clock):
         _control(store, clock, Recording(), 0)
     with pytest.raises(InvalidArgument, match="has no make"):
         _control(store, clock, object(), 5)
+
+
+def test_a_checkpoint_anchor_is_judged_against_the_checkpoint_row(store, clock, tmp_path):
+    provider = DirectoryAnchors(tmp_path)
+    _filled(store, clock, 8)
+    with pytest.raises(InvalidArgument, match="never pruned"):
+        make_anchors(store, provider, "checkpoint")
+    store.prune(5, older_than=timedelta(0), by="ops", reason="retention")
+    (made,) = make_anchors(store, provider, "checkpoint")
+    assert (made.kind, made.seq, made.hash) == ("checkpoint", 5, store.prune_checkpoint().hash)
+    assert verify_anchors(store, provider).ok
+    if isinstance(store, InMemoryStateStore):
+        from dataclasses import replace
+
+        store._data.evidence.checkpoint = replace(store._data.evidence.checkpoint, hash="sha256:" + "8" * 64)
+    else:
+        from ctrlrun.store.schema import prune_checkpoint
+
+        with store.engine.connect() as conn:
+            conn.execute(update(prune_checkpoint).values(hash="sha256:" + "8" * 64))
+            conn.commit()
+    assert [(b.name, b.seq, b.kind) for b in verify_anchors(store, provider).breaks] == [("anchor_broken", 5, "checkpoint")]
