@@ -54,7 +54,8 @@ def test_demo_in_a_real_process(tmp_path):
     assert done.stdout.splitlines()[-4] == "Receipts (8): .ctrlrun/demo/receipts.jsonl"
     listed = run(["receipts", "--verify-chain"], tmp_path, CTRLRUN_STATE=".ctrlrun/demo/state.db")
     assert listed.returncode == 0
-    assert listed.stdout.splitlines() == ["chain: 8 of 8 receipts verified", "full check of seq 1..8", "the chain is intact"]
+    assert listed.stdout.splitlines() == ["chain: 8 of 8 receipts verified", "full check of seq 1..8",
+                                      "acts: 4 of 4 operator acts verified", "the chain is intact"]
 
 
 def test_approve_in_a_real_process(tmp_path):

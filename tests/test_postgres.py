@@ -185,6 +185,7 @@ def test_fresh_schema_is_migrated_and_recorded(pg_url, pg_schema, clock):
     assert tables(pg_url, pg_schema) == {
         "schema_version", "effects", "approvals", "events", "receipts", "receipt_chain",
         "delegations", "budget_ledger", "notifications", "verified_mark",
+        "acts", "acts_chain", "acts_legacy", "prune_checkpoint", "holds", "anchors",
     }  # fmt: skip
     rows = admin(pg_url, f"SELECT migration_id, ctrlrun_version FROM {pg_schema}.schema_version")
     assert tuple(sorted(r[0] for r in rows)) == MIGRATIONS and rows[0][1]

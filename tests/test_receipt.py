@@ -95,6 +95,7 @@ def test_chain_links_and_head():
         "ok": True, "verified": 3, "chained": 3, "unchained": 0, "head_seq": 3,
         "head_hash": receipts[-1].hash, "breaks": [], "more_breaks": 0,
         "check": "full", "from_seq": 1, "to_seq": 3, "pruned_through": None,
+        "acts_verified": 0, "acts_head_seq": 0, "acts_head_hash": "sha256:" + "0" * 64, "not_covered": None,
     }  # fmt: skip
 
 

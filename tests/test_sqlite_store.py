@@ -47,13 +47,14 @@ def test_fresh_store_records_its_migrations(db, clock):
     assert tuple(r[0] for r in rows) == MIGRATIONS == (
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
         "0005_read_indexes",
-        "0006_verified_mark",
+        "0006_verified_mark", "0007_evidence",
     )  # fmt: skip
     assert rows[-1][0] == HEAD and all(r[1] and r[2] for r in rows)
     assert head == [(1, 0, "sha256:" + "0" * 64)]
     assert tables(db) == {
         "schema_version", "effects", "approvals", "events", "receipts", "receipt_chain",
         "delegations", "budget_ledger", "notifications", "verified_mark",
+        "acts", "acts_chain", "acts_legacy", "prune_checkpoint", "holds", "anchors",
     }  # fmt: skip
     SQLiteStateStore(db, clock=clock).close()  # reopening at HEAD changes nothing
     with raw(db) as conn:

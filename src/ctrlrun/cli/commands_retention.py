@@ -72,9 +72,9 @@ def prune(settings: Settings, through: int, older_than: str, by: str, reason: st
         raise click.BadParameter(str(bad), param_hint="'--older-than'") from None
     anchoring = load_object(provider) if provider else None
     with open_operator_store(settings, store_url) as opened:
-        store = _evidence(opened)
+        evidence = _evidence(opened)
         try:
-            result = store.prune(through, older_than=age, by=by, reason=reason,
+            result = evidence.prune(through, older_than=age, by=by, reason=reason,
                                  anchor=_anchor(anchoring) if anchoring is not None else None)  # fmt: skip
         except PruneRefused as refused:
             if as_json:

@@ -32,8 +32,8 @@ def _range_line(report: ChainReport) -> str:
 
 
 def _acts_line(report: ChainReport) -> str | None:
-    if report.acts_head_seq is None:
-        return None
+    if report.acts_head_seq is None or (report.acts_head_seq == 0 and report.not_covered is None):
+        return None  # no act yet, nothing uncovered: nothing to say
     if report.check == "incremental":
         line = f"acts: {report.acts_verified} operator acts verified since the mark (head at seq {report.acts_head_seq})"
     else:
