@@ -66,6 +66,19 @@ class CTRLRunError(Exception):
     def message(self) -> str:
         return str(self.args[0]) if self.args else ""
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as type, message and attributes (subclasses take required keyword-only
+        arguments, which ``Exception``'s own reduction would drop): a refusal raised in another
+        process, or stored by a durable engine, comes back as itself."""
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[CTRLRunError], args: tuple[Any, ...], state: dict[str, Any]) -> CTRLRunError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class Refusal(CTRLRunError):
     """The call may not run, or not yet; nothing of it ran (the subclass says why)."""
