@@ -659,6 +659,17 @@ def test_identity_provider_decides(store, clock):
     assert store.receipts()[0].principal.agent == "svc"
 
 
+def test_no_human_is_asked_about_an_execution_whose_lease_lapsed(control, store, clock):
+    refund = make_refund(control, [])
+    store.reserve_effect("refund:txn_3", "act_other", lease=timedelta(seconds=30))
+    store.begin_execution("refund:txn_3", "act_other")
+    clock.advance(minutes=1)  # the worker died mid-call: its lease lapsed
+    with context(agent="a"), pytest.raises(AmbiguousEffect):
+        refund("txn_3", 200_000)  # would need approval: the key is judged first
+    assert store.pending_approvals() == ()
+    assert store.get_effect("refund:txn_3").state == EffectState.AMBIGUOUS  # as the reservation makes it
+
+
 @pytest.mark.parametrize("state", ["committed", "ambiguous", "in_progress"])
 def test_no_human_is_asked_about_a_call_whose_key_cannot_be_reserved(control, store, state):
     refund = make_refund(control, [])

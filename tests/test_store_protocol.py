@@ -26,6 +26,7 @@ CALLERS = (
     "_reconciling.py",  # the Control's reconcile hook
     "_ceiling.py",  # the attempt ceiling's release of a refused reservation
     "_starting.py",  # the start of a protected call
+    "_refusals.py",  # refusals recorded, and the key judged before a human is asked
     "_observing.py",  # observe mode's reads and reservation
     "protect.py",  # @protect, through control.store
     "approvals.py",  # the Local and Scripted providers

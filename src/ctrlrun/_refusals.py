@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 from ._attempt import Attempt
 from ._preconditions import invalidated_data
 from ._steps import Steps, call
-from .effect import EffectState, plan_reservation
-from .errors import ActionDenied, AmbiguousEffect, ApprovalMismatch, CTRLRunError, DuplicateEffect
+from .effect import LAPSED_LEASE_ERROR, EffectState, plan_reservation
+from .errors import ActionDenied, AmbiguousEffect, ApprovalMismatch, CTRLRunError, DuplicateEffect, InvalidArgument
 from .receipt import Event, EventType
 
 if TYPE_CHECKING:
@@ -94,10 +94,11 @@ def refuse_reservation(
     yield from control._record(attempt, attempt.receipt("blocked", error))
 
 
-def refuse_before_asking(control: Control, attempt: Attempt, lease: Any) -> Steps[None]:
+def refuse_before_asking(control: Control, attempt: Attempt, lease: Any, *, again: bool = True) -> Steps[None]:
     """Refuse, as the reservation would, a call whose key cannot be reserved now (committed,
-    ambiguous, held by a live attempt, or an execution whose lease lapsed), so that no human is
-    asked about it; nothing is written but the refusal's events and receipt."""
+    ambiguous, held by a live attempt, or an execution whose lease lapsed, which becomes
+    ambiguous), so that no human is asked about it; nothing else is written but the refusal's
+    events and receipt."""
     key = attempt.effect_key
     if key is None:
         return
@@ -107,7 +108,15 @@ def refuse_before_asking(control: Control, attempt: Attempt, lease: Any) -> Step
     if plan.kind not in ("refuse", "keep_then_refuse"):
         return
     refusal = plan.error
-    assert refusal is not None
+    assert refusal is not None and record is not None
+    if plan.kind == "keep_then_refuse":  # an execution whose lease lapsed: ambiguous, as reserving makes it
+        try:
+            yield call(control.store.mark_ambiguous, key, record.action_id, LAPSED_LEASE_ERROR)
+        except (InvalidArgument, DuplicateEffect, AmbiguousEffect):  # the holder finished meanwhile
+            if not again:
+                raise
+            yield from refuse_before_asking(control, attempt, lease, again=False)  # judge it once more
+            return
     if isinstance(refusal, DuplicateEffect):
         yield from refuse_reservation(control, attempt, refusal, state=refusal.state)
     else:

@@ -52,6 +52,10 @@ class StateStore(Protocol):
         """Move this attempt's record to ``failed`` (releasing its budget charges)."""
         ...
 
+    def mark_ambiguous(self, effect_key: str, action_id: str, error: str | None) -> None:
+        """Move the record ``action_id`` holds to ``ambiguous`` (an execution whose lease lapsed)."""
+        ...
+
     def get_effect(self, effect_key: str) -> EffectRecord | None: ...
 
     def iter_effects(
