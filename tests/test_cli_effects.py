@@ -143,22 +143,23 @@ def test_effects_json(project):
     assert result.code == 0 and result.err == ""
     documents = [json.loads(line) for line in result.lines]
     assert list(documents[0]) == [
-        "effect_key", "state", "attempt", "action_id", "created_at", "updated_at",
-        "lease_expires_at", "lease_expired", "resolved_by", "error", "budget_charges",
+        "effect_key", "state", "attempt", "action_id", "action_hash", "created_at", "updated_at",
+        "lease_expires_at", "lease_expired", "resolved_by", "error", "result_exact", "budget_charges",
     ]  # fmt: skip
     assert all(document["budget_charges"] == [] for document in documents)  # no authority
     assert [{k: v for k, v in d.items() if k != "budget_charges"} for d in documents] == [
         {"effect_key": "refund:txn_1", "state": "committed", "attempt": 1, "action_id": one.action_id,
          "created_at": "2026-11-30T09:00:00.000Z", "updated_at": "2026-11-30T09:00:00.000Z",
-         "lease_expires_at": None, "lease_expired": False, "resolved_by": None, "error": None},
+         "lease_expires_at": None, "lease_expired": False, "resolved_by": None, "error": None,
+         "action_hash": one.action_hash, "result_exact": True},
         {"effect_key": "refund:txn_2", "state": "committed", "attempt": 1, "action_id": two.action_id,
          "created_at": "2026-11-30T09:00:01.000Z", "updated_at": format_ts(two.updated_at),
          "lease_expires_at": None, "lease_expired": False, "resolved_by": "cli:local",
-         "error": two.error},
+         "error": two.error, "action_hash": two.action_hash, "result_exact": False},
         {"effect_key": "job:run", "state": "executing", "attempt": 1, "action_id": "act_holder",
          "created_at": "2026-11-30T09:00:02.000Z", "updated_at": "2026-11-30T09:00:02.000Z",
          "lease_expires_at": "2026-11-30T09:05:02.000Z", "lease_expired": True, "resolved_by": None,
-         "error": None},
+         "error": None, "action_hash": None, "result_exact": False},
     ]  # fmt: skip
     assert all(line == json.dumps(d, separators=(",", ":"), ensure_ascii=False)
                for line, d in zip(result.lines, documents))  # fmt: skip

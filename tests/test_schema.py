@@ -365,6 +365,10 @@ OLD_MIGRATIONS = {
         "0005_read_indexes": OLD_0005_SQLITE,
         "0006_verified_mark": OLD_0006_SQLITE,
         "0007_evidence": OLD_0007_SQLITE,
+        "0008_replayable_effects": (
+            "ALTER TABLE effects ADD COLUMN action_hash TEXT",
+            "ALTER TABLE effects ADD COLUMN result_exact INTEGER",
+        ),
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -377,6 +381,10 @@ OLD_MIGRATIONS = {
         "0005_read_indexes": OLD_0005_POSTGRESQL,
         "0006_verified_mark": OLD_0006_POSTGRESQL,
         "0007_evidence": OLD_0007_POSTGRESQL,
+        "0008_replayable_effects": (
+            f"ALTER TABLE {{s}}.effects ADD COLUMN action_hash {_C}",
+            "ALTER TABLE {s}.effects ADD COLUMN result_exact INTEGER",
+        ),
     },
 }
 OLD_STAMP = ("2026-11-01T09:00:00.000000Z", "0.1.0")
@@ -417,6 +425,7 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
         "0005_read_indexes",
         "0006_verified_mark",
         "0007_evidence",
+        "0008_replayable_effects",
     )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))

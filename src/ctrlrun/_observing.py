@@ -61,7 +61,7 @@ def observe_asking(control: Control, attempt: Attempt, options: _Options) -> Ste
     if key is not None:
         record = yield call(control.store.get_effect, key)
         plan = plan_reservation(record, key, attempt.action.action_id, options.lease, control.clock(),
-                                state=EffectState.EXECUTING)  # fmt: skip
+                                state=EffectState.EXECUTING, action_hash=attempt.action.action_hash)  # fmt: skip
         if plan.kind in ("refuse", "keep_then_refuse") and plan.error is not None:
             assert isinstance(plan.error, (DuplicateEffect, AmbiguousEffect))
             note(attempt, _reason_of(plan.error))
@@ -113,7 +113,8 @@ def observe_start(control: Control, attempt: Attempt, options: _Options) -> Step
     try:
         _, reservation, stored = yield call(
             control.store.start_attempt, action_id=attempt.action.action_id, effect_key=key,
-            lease=options.lease, events=started, return_events=bool(control.sinks),
+            lease=options.lease, action_hash=attempt.action.action_hash, events=started,
+            return_events=bool(control.sinks),
         )  # fmt: skip
     except (DuplicateEffect, AmbiguousEffect) as refusal:
         attempt.pending.append(reservation_event(attempt, refusal))

@@ -104,7 +104,7 @@ def refuse_before_asking(control: Control, attempt: Attempt, lease: Any, *, agai
         return
     record = yield call(control.store.get_effect, key)
     plan = plan_reservation(record, key, attempt.action.action_id, lease, control.clock(),
-                            state=EffectState.EXECUTING)  # fmt: skip
+                            state=EffectState.EXECUTING, action_hash=attempt.action.action_hash)  # fmt: skip
     if plan.kind not in ("refuse", "keep_then_refuse"):
         return
     refusal = plan.error

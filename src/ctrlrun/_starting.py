@@ -73,7 +73,7 @@ def start(
                 effect_key=options.effect_key,
                 lease=options.lease,
                 approval_id=approval_id,
-                action_hash=action.action_hash if approval_id else None,
+                action_hash=action.action_hash,
                 events=started,
                 return_events=bool(control._sinks),
                 **charging,

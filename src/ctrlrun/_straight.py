@@ -120,7 +120,7 @@ class Straight:
         try:
             _, reservation, stored = store.start_attempt(
                 action_id=action_id, effect_key=effect_key, lease=options.lease,
-                events=started, return_events=bool(sinks),
+                action_hash=action_hash, events=started, return_events=bool(sinks),
             )  # fmt: skip
         except (DuplicateEffect, AmbiguousEffect):
             return GIVE_WAY, evaluation  # refused, nothing written but a kept write

@@ -29,12 +29,14 @@ __all__ = [
     "check_mark_ambiguous",
     "check_reservation_args",
     "check_resolve",
+    "committed_duplicate",
     "fresh_reservation",
     "idempotency_token_for",
     "lease_is_live",
     "plan_reservation",
     "storable_result",
     "storable_text",
+    "stored_result",
 ]
 
 DEFAULT_LEASE = timedelta(minutes=5)
@@ -72,6 +74,10 @@ class EffectRecord:
     result: Any = None
     error: str | None = None
     resolved_by: str | None = None
+    #: the action whose attempt holds or settled the key (``None`` on records made before it was kept)
+    action_hash: str | None = None
+    #: the stored result equals the returned value type for type (not a ``repr``, not set by hand)
+    result_exact: bool = False
 
     def __post_init__(self) -> None:
         if type(self.state) is not EffectState:
@@ -146,12 +152,13 @@ def check_reservation_args(effect_key: Any, action_id: Any, lease: Any) -> None:
 
 
 def fresh_reservation(
-    effect_key: str, action_id: str, until: datetime, now: datetime, state: EffectState
+    effect_key: str, action_id: str, until: datetime, now: datetime, state: EffectState,
+    action_hash: str | None = None,
 ) -> tuple[EffectRecord, Reservation]:
     """The record a key without one gets (attempt 1, leased ``until``), and its reservation;
     the arguments are checked by the caller (``check_reservation_args``)."""
     return (
-        EffectRecord(effect_key, state, action_id, 1, now, now, until),
+        EffectRecord(effect_key, state, action_id, 1, now, now, until, None, None, None, action_hash),
         Reservation(effect_key, action_id, 1, until),
     )
 
@@ -164,18 +171,22 @@ def plan_reservation(
     now: datetime,
     *,
     state: EffectState = EffectState.RESERVED,
+    action_hash: str | None = None,
 ) -> ReservationPlan:
-    """The reservation table as one function; ``state=EXECUTING`` reserves and begins at once."""
+    """The reservation table as one function; ``state=EXECUTING`` reserves and begins at once.
+
+    ``action_hash`` is the reserving action's: it is kept on the record, and a committed key
+    settled by the same action with an exact result refuses with a replayable duplicate."""
     check_reservation_args(effect_key, action_id, lease)
     if state not in _LEASED:
         raise InvalidArgument(f"a reservation is written reserved or executing, not {state}")
     until = now + lease
     if record is None:
-        return ReservationPlan("insert", write=fresh_reservation(effect_key, action_id, until, now, state)[0])
-    if record.state is EffectState.COMMITTED:
         return ReservationPlan(
-            "refuse", error=DuplicateEffect(state="committed", effect_key=effect_key)
+            "insert", write=fresh_reservation(effect_key, action_id, until, now, state, action_hash)[0]
         )
+    if record.state is EffectState.COMMITTED:
+        return ReservationPlan("refuse", error=committed_duplicate(record, action_hash))
     if record.state is EffectState.AMBIGUOUS:
         return ReservationPlan(
             "refuse", error=AmbiguousEffect(effect_key=effect_key, action_id=record.action_id)
@@ -200,9 +211,22 @@ def plan_reservation(
         )
     # failed, or reserved with a lapsed lease: the function never ran under it, so renew.
     renewed = EffectRecord(
-        effect_key, state, action_id, record.attempt + 1, record.created_at, now, until
-    )
+        effect_key, state, action_id, record.attempt + 1, record.created_at, now, until,
+        None, None, None, action_hash,
+    )  # fmt: skip
     return ReservationPlan("renew", write=renewed, expected=record)
+
+
+def committed_duplicate(record: EffectRecord, action_hash: str | None) -> DuplicateEffect:
+    """The refusal of a committed key: replayable (its stored result handed back) only when the
+    refused call is the action that committed it and the result was stored exactly."""
+    replayable = (
+        action_hash is not None and record.action_hash == action_hash and record.result_exact
+    )
+    return DuplicateEffect(
+        state="committed", effect_key=record.effect_key, replayable=replayable,
+        result=record.result if replayable else None,
+    )  # fmt: skip
 
 
 def _refuse_transition(
@@ -252,9 +276,10 @@ def check_commit(
     held = _holder(record, effect_key, action_id, now, _EXECUTING, "commit")
     # replace(held, state=COMMITTED, updated_at=now, lease_expires_at=None, result=...) spelled
     # out: it runs on every allowed call
+    stored, exact = stored_result(result)
     return EffectRecord(
         held.effect_key, EffectState.COMMITTED, held.action_id, held.attempt, held.created_at,
-        now, None, storable_result(result), held.error, held.resolved_by,
+        now, None, stored, held.error, held.resolved_by, held.action_hash, exact,
     )  # fmt: skip
 
 
@@ -316,6 +341,7 @@ def check_resolve(
         lease_expires_at=None,
         error=error,
         resolved_by=resolver,
+        result_exact=False,
     )
 
 
@@ -367,19 +393,37 @@ _ATOMS = (str, int, bool, type(None))
 
 def storable_result(value: Any) -> Any:
     """The JSON value stored for an executor's result; an unencodable one becomes its ``repr``."""
+    return stored_result(value)[0]
+
+
+def stored_result(value: Any) -> tuple[Any, bool]:
+    """``storable_result(value)``, and whether it equals ``value`` type for type (a replay of it
+    would hand back what the function returned)."""
     if value is None or type(value) in _ATOMS:
-        return value  # the JSON round trip gives these back unchanged
+        return value, True  # the JSON round trip gives these back unchanged
     if type(value) is dict and all(
         type(k) is str and type(v) in _ATOMS for k, v in value.items()
     ):  # fmt: skip
-        return dict(value)  # a flat object of those: likewise
+        return dict(value), True  # a flat object of those: likewise
     try:
-        return json.loads(_ASCII_JSON.encode(value))
+        stored = json.loads(_ASCII_JSON.encode(value))
     except Exception:
         try:
-            return storable_text(repr(value))
+            return storable_text(repr(value)), False
         except Exception:
-            return f"<unrepresentable {type(value).__name__}>"
+            return f"<unrepresentable {type(value).__name__}>", False
+    return stored, _same(value, stored)
+
+
+def _same(value: Any, stored: Any) -> bool:
+    """``value == stored`` with the same type at every level (a tuple stored as a list is not)."""
+    if type(value) is not type(stored):
+        return False
+    if type(value) is dict:
+        return value.keys() == stored.keys() and all(_same(v, stored[k]) for k, v in value.items())
+    if type(value) is list:
+        return len(value) == len(stored) and all(map(_same, value, stored))
+    return bool(value == stored)
 
 
 def check_line_text(value: Any, what: str) -> str:

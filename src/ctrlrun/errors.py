@@ -252,13 +252,21 @@ class ApprovalMismatch(Refusal):
 
 
 class DuplicateEffect(Refusal):
-    """The effect key is already committed, or held by a live reservation (``in_progress``)."""
+    """The effect key is already committed, or held by a live reservation (``in_progress``).
+
+    ``replayable``: the key was committed by an attempt of this same action (same action hash)
+    and its result was stored exactly, so ``result`` is what that attempt returned; otherwise
+    ``result`` is ``None``. A caller (a durable engine's replay, say) may hand it back instead of
+    running the effect again."""
 
     def __init__(
-        self, message: str | None = None, *, state: str, effect_key: str | None = None
-    ) -> None:
+        self, message: str | None = None, *, state: str, effect_key: str | None = None,
+        replayable: bool = False, result: Any = None,
+    ) -> None:  # fmt: skip
         self.state = state
         self.effect_key = effect_key
+        self.replayable = replayable
+        self.result = result if replayable else None
         super().__init__(message)
 
     def _default_message(self) -> str:

@@ -87,12 +87,14 @@ def _effect_document(record: EffectRecord, now: datetime) -> dict[str, Any]:
         "state": record.state.value,
         "attempt": record.attempt,
         "action_id": record.action_id,
+        "action_hash": record.action_hash,
         "created_at": format_ts(record.created_at),
         "updated_at": format_ts(record.updated_at),
         "lease_expires_at": None if lease is None else format_ts(lease),
         "lease_expired": _lease_lapsed(record, now),
         "resolved_by": record.resolved_by,
         "error": record.error,
+        "result_exact": record.result_exact,
     }
 
 

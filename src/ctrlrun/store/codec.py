@@ -99,12 +99,14 @@ def effect_values(record: EffectRecord) -> tuple[Any, ...]:
         format_precise(record.created_at),
         format_precise(record.updated_at),
         None if record.resolved_by is None else _text(record.resolved_by, "resolved_by"),
+        None if record.action_hash is None else _text(record.action_hash, "action_hash"),
+        1 if record.result_exact else 0,
     )
 
 
 def finished_values(record: EffectRecord) -> tuple[Any, ...]:
     """What a finishing compare-and-set writes, in column order: state, lease, result, error,
-    updated_at."""
+    updated_at, result_exact."""
     result = record.result
     return (
         record.state._value_,  # .value, without the enum's property
@@ -112,12 +114,14 @@ def finished_values(record: EffectRecord) -> tuple[Any, ...]:
         None if result is None else dumps(result, "result"),
         None if record.error is None else _free_text(record.error, "error"),
         format_precise(record.updated_at),
+        1 if record.result_exact else 0,
     )
 
 
 EFFECT_FIELDS = ("effect_key", "state", "action_id", "attempt", "lease_expires_at",
-                 "result_json", "error", "created_at", "updated_at", "resolved_by")  # fmt: skip
-FINISHED_FIELDS = ("state", "lease_expires_at", "result_json", "error", "updated_at")
+                 "result_json", "error", "created_at", "updated_at", "resolved_by",
+                 "action_hash", "result_exact")  # fmt: skip
+FINISHED_FIELDS = ("state", "lease_expires_at", "result_json", "error", "updated_at", "result_exact")
 
 
 def effect_to_row(record: EffectRecord) -> dict[str, Any]:
@@ -137,6 +141,8 @@ def effect_from_row(row: Mapping[str, Any]) -> EffectRecord:
         result=None if result is None else json.loads(result),
         error=row["error"],
         resolved_by=row["resolved_by"],
+        action_hash=row.get("action_hash"),
+        result_exact=bool(row.get("result_exact")),
     )
 
 

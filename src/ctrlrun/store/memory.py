@@ -417,7 +417,7 @@ class InMemoryStateStore(StoreOps):
                     self.transactions += 1  # a write begins (under the store's lock)
                     now = self._now()
                     record, reservation = fresh_reservation(
-                        effect_key, action_id, now + lease, now, EffectState.EXECUTING
+                        effect_key, action_id, now + lease, now, EffectState.EXECUTING, action_hash
                     )
                     rows = event_rows(events(None, reservation), action_id, effect_key)
                     row = dict(zip(codec.EFFECT_FIELDS, codec.effect_values(record)))

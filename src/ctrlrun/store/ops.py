@@ -123,16 +123,19 @@ class StoreOps(ReadOps, LedgerOps, EvidenceOps):
 
     def reserve_effect(
         self, effect_key: str, action_id: str, lease: timedelta = DEFAULT_LEASE, *,
-        charges: Sequence[Charge] = (),
+        charges: Sequence[Charge] = (), action_hash: str | None = None,
     ) -> Reservation:  # fmt: skip
         """Reserve the key and take ``charges`` in one transaction, or write nothing: a
         refused reservation checks no charge, a charge that does not fit raises
-        ``BudgetExhausted``."""
+        ``BudgetExhausted``. ``action_hash`` (the reserving action's) is kept on the record."""
         check_reservation_args(effect_key, action_id, lease)
+        if action_hash is not None:
+            _check_id(action_hash, "action_hash")
         checked = check_charges(charges, effect_key)
 
         def reserve(tx: Tx, now: datetime) -> Reservation:
-            reservation = _reserve(tx, effect_key, action_id, lease, now, EffectState.RESERVED)
+            reservation = _reserve(tx, effect_key, action_id, lease, now, EffectState.RESERVED,
+                                   action_hash=action_hash)  # fmt: skip
             charge(tx, checked, reservation, now, action_id)
             return reservation
 
@@ -371,6 +374,7 @@ class StoreOps(ReadOps, LedgerOps, EvidenceOps):
         _check_id(action_id, "action_id")
         if approval_id is not None:
             _check_id(approval_id, "approval_id")
+        if approval_id is not None or action_hash is not None:
             _check_id(action_hash, "action_hash")
         if effect_key is not None:
             _check_id(effect_key, "effect_key")

@@ -120,6 +120,8 @@ effects = Table(
     Column("created_at", _ID, nullable=False),
     Column("updated_at", _ID, nullable=False),
     Column("resolved_by", _ID),
+    Column("action_hash", _ID),  # the action whose attempt holds or settled the key
+    Column("result_exact", Integer),  # 1: result_json gives back the returned value type for type
 )
 Index("effects_state", effects.c.state)
 Index("effects_created", effects.c.created_at, effects.c.effect_key)  # the listing's order
@@ -444,6 +446,10 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
                 AddColumn(verified_mark.c.acts_seq),
                 AddColumn(verified_mark.c.acts_hash),
             ),
+        ),
+        Migration(
+            "0008_replayable_effects",
+            (AddColumn(effects.c.action_hash), AddColumn(effects.c.result_exact)),
         ),
     )
 )

@@ -53,17 +53,20 @@ def _reserve(
     state: EffectState,
     *,
     insert_first: bool = False,
+    action_hash: str | None = None,
 ) -> Reservation:
     if insert_first:
         # A new key is the common case: insert the fresh record outright (the plan for "no
         # record"); only a conflict reads the record and plans from what is there.
-        plan = plan_reservation(None, effect_key, action_id, lease, now, state=state)
+        plan = plan_reservation(None, effect_key, action_id, lease, now, state=state,
+                                action_hash=action_hash)  # fmt: skip
         assert plan.kind == "insert" and plan.write is not None
         if tx.insert_effect(plan.write):
             return plan.reservation
     for _ in range(2):
         record = tx.effect(effect_key)
-        plan = plan_reservation(record, effect_key, action_id, lease, now, state=state)
+        plan = plan_reservation(record, effect_key, action_id, lease, now, state=state,
+                                action_hash=action_hash)  # fmt: skip
         if plan.kind == "refuse":
             assert plan.error is not None
             raise plan.error
@@ -229,7 +232,7 @@ def _start(
         # events are written outright; only a taken key plans from what is there.
         if state not in (EffectState.RESERVED, EffectState.EXECUTING):
             raise InvalidArgument(f"a reservation is written reserved or executing, not {state}")
-        written, fresh = fresh_reservation(effect_key, action_id, now + lease, now, state)
+        written, fresh = fresh_reservation(effect_key, action_id, now + lease, now, state, action_hash)
         rows = event_rows(events(None, fresh), action_id, effect_key)
         ids = tx.reserve_new(written, rows, last=not charges)
         if ids is not None:
@@ -242,7 +245,7 @@ def _start(
             # decided after the approval's refusal can be checked; the allow path inserts.
             reservation = _reserve(
                 tx, effect_key, action_id, lease, now, state,
-                insert_first=approval_id is None and not inserted_first,
+                insert_first=approval_id is None and not inserted_first, action_hash=action_hash,
             )  # fmt: skip
         except (DuplicateEffect, AmbiguousEffect):
             if approval_id is not None:
