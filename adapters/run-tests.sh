@@ -16,9 +16,25 @@ if ! "$python" -m pip show --quiet ctrlrun >/dev/null 2>&1; then
     exit 2
 fi
 
-"$python" -m pip install --quiet --disable-pip-version-check \
-    -e "$here/langgraph[test]" -e "$here/openai-agents[test]"
+adapters=(langgraph openai-agents pydantic-ai agent-framework dbos)
+installs=() sources=() suites=()
+for adapter in "${adapters[@]}"; do
+    installs+=(-e "$here/$adapter[test]")
+    sources+=("$here/$adapter/src")
+    suites+=("$here/$adapter/tests")
+done
+"$python" -m pip install --quiet --disable-pip-version-check "${installs[@]}"
 
+# Each adapter's package is typed like the core.
+"$python" -m mypy --strict "${sources[@]}"
+
+# The DBOS suite runs on SQLite and on this Postgres server (under CI a missing one fails it).
+export CTRLRUN_TEST_POSTGRES_URL="${CTRLRUN_TEST_POSTGRES_URL:-}"
 export OPENAI_API_KEY="" OPENAI_AGENTS_DISABLE_TRACING=1
 cd "$here/.."
-exec "$python" -m pytest -q "$here/langgraph/tests" "$here/openai-agents/tests" "$@"
+# one pytest run per adapter, so one suite's fixtures and helper modules never meet another's
+status=0
+for suite in "${suites[@]}"; do
+    "$python" -m pytest -q -p no:cacheprovider "$suite" "$@" || status=1
+done
+exit "$status"

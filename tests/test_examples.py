@@ -37,15 +37,29 @@ SRC = Path(ctrlrun.__file__).resolve().parents[1]  # the ctrlrun under test
 ADAPTER_EXAMPLES = {
     "langgraph-refund": "adapters/langgraph/tests/test_langgraph_example.py",
     "openai-agents-support": "adapters/openai-agents/tests/test_agents_example.py",
+    "pydantic-ai-refund": "adapters/pydantic-ai/tests/test_pydantic_ai_example.py",
+    "agent-framework-refund": "adapters/agent-framework/tests/test_agent_framework_example.py",
+    "dbos-refund": "adapters/dbos/tests/test_dbos_example.py",
 }
 APR = r"apr_[0-9a-f]{32}"
 #: What each adapter example imports besides ctrlrun; without it the example is skipped here.
-ADAPTER_MODULES = {"langgraph-refund": "ctrlrun_langgraph", "openai-agents-support": "ctrlrun_openai_agents"}
+ADAPTER_MODULES = {
+    "langgraph-refund": "ctrlrun_langgraph", "openai-agents-support": "ctrlrun_openai_agents",
+    "pydantic-ai-refund": "ctrlrun_pydantic_ai", "agent-framework-refund": "ctrlrun_agent_framework",
+    "dbos-refund": "ctrlrun_dbos",
+}  # fmt: skip
 #: Lines the second run of a kept-state example prints (the effects happened once, the first time).
 SECOND_RUN_LINES = {
     "langgraph-refund": [r"txn_1: not run again \(committed\)", r"stripe was called for: nothing"],
     "openai-agents-support": [r"txn_1: not run again \(committed\)", r"txn_2: not run again \(committed\)",
                               r"stripe was called for: nothing"],  # fmt: skip
+    "pydantic-ai-refund": [r"txn_1: not run again \(committed\)", r"txn_2: not run again \(committed\)",
+                           r"stripe was called for: nothing"],  # fmt: skip
+    "agent-framework-refund": [r"txn_1: not run again \(committed\)", r"txn_2: not run again \(committed\)",
+                               r"stripe was called for: nothing"],  # fmt: skip
+    "dbos-refund": [r"txn_1: not run again \(committed\), replayed re_txn_1",
+                    r"txn_2: not run again \(committed\), replayed re_txn_2",
+                    r"stripe was called for: nothing"],  # fmt: skip
 }
 
 #: For each program: lines (regular expressions, matched whole) that must appear, in this order.

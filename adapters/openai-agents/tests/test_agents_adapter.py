@@ -132,7 +132,7 @@ def assert_request_left_pending(app) -> None:
 CREDIT = ("credit", {"invoice": "inv-42", "cents": 5000})
 
 
-# --------------------------------------------------------------------------- 06 §3.5
+# --------------------------------------------------------------------------- the example of the spec
 
 
 @pytest.mark.parametrize("body", ["sync", "async", "awaiting"])

@@ -4,7 +4,7 @@ Wire it as ``InterruptApprovalProvider(store, LangGraphInterrupt(carries_approve
 and protect the node's consequential call with ``@protect(..., wait=True)``. On **approve** the
 node pauses with the ``PendingApproval`` payload; ``Command(resume=...)`` carries the human's
 answer back. This adapter grants nothing itself: ctrlrun's provider records the answer and
-``Control`` re-decides, binds, reserves and records (06 §2).
+``Control`` re-decides, binds, reserves and records.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ stops with a ``ToolApprovalItem`` and the caller answers with ``state.approve(it
 ``state.reject(item)``. On the resumed run the tool body calls the ``@protect(..., wait=True)``
 function; ``AgentsInterrupt`` reads the SDK's recorded decision for **this** tool call and hands
 it to ctrlrun's ``InterruptApprovalProvider``, which records it. It asks nobody and grants
-nothing itself (06 §3).
+nothing itself.
 """
 
 from __future__ import annotations
