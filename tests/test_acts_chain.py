@@ -219,8 +219,10 @@ def test_a_store_made_before_the_acts_chain_verifies_clean(tmp_path, clock):
         sql(db, f"DROP TABLE {table}")
     for column in ("acts_seq", "acts_hash"):
         sql(db, f"ALTER TABLE verified_mark DROP COLUMN {column}")
-    sql(db, "DELETE FROM schema_version WHERE migration_id = '0007_evidence'")
-    store = SQLiteStateStore(db, clock=clock)  # 0007 again, over a store with history
+    for column in ("action_hash", "result_exact"):  # and what 0008 added after it
+        sql(db, f"ALTER TABLE effects DROP COLUMN {column}")
+    sql(db, "DELETE FROM schema_version WHERE migration_id IN ('0007_evidence', '0008_replayable_effects')")
+    store = SQLiteStateStore(db, clock=clock)  # 0007 and 0008 again, over a store with history
     world = World(store, clock)
     head = store.chain_head()[0]
     report = verify_chain(store)
