@@ -215,10 +215,16 @@ def test_an_approval_given_with_the_cli_is_taken_on_a_recheck(launched):
     app = launched()
     handle = start(app, "wf-cli", "txn_2", 500)
     pending = pending_of("wf-cli")
-    app.store.grant_approval(pending["request_id"], "ops@example.com")  # as `ctrlrun approve` does
+    from click.testing import CliRunner
+
+    from ctrlrun.cli import cli
+
+    done = CliRunner().invoke(cli, ["approve", pending["request_id"], "--store-url", app.settings.store_url])
+    assert done.exit_code == 0, done.output
     DBOS.send("wf-cli", {"recheck": True}, topic(pending["request_id"]))
     assert handle.get_result()["refund"] == "re_txn_2"
-    assert receipts(app.store) == ["approve/committed/ops@example.com"]
+    assert receipts(app.store) == ["approve/committed/cli:local"]
+    assert types(app.store).count("APPROVAL_GRANTED") == 1
 
 
 def test_the_same_answer_sent_twice_is_delivered_once(launched):
@@ -230,6 +236,21 @@ def test_the_same_answer_sent_twice_is_delivered_once(launched):
     handle.get_result()
     assert remote_lines(app.settings.remote) == ["txn_2 500"]
     assert [s for s in step_names("wf-twice") if s == "DBOS.recv"] == ["DBOS.recv"]
+
+
+def test_a_corrected_answer_from_the_same_approver_goes_by_send(launched):
+    """answer()'s idempotency key is the request and the approver: after a refused answer, the
+    same approver's next answer() is the same message to DBOS and is dropped; send it directly."""
+    app = launched()
+    handle = start(app, "wf-fix", "txn_2", 500)
+    pending = pending_of("wf-fix")
+    wrong = {"payment_id": "txn_2", "amount": 9}
+    answer(DBOS, "wf-fix", approved=True, approver="alice@example.com", arguments=wrong)
+    assert refused_of("wf-fix")["refused"].startswith("ApprovalMismatch: ")
+    DBOS.send("wf-fix", {"approved": True, "approver": "alice@example.com", "arguments": pending["arguments"]},
+              topic(pending["request_id"]))  # fmt: skip
+    assert handle.get_result()["refund"] == "re_txn_2"
+    assert receipts(app.store) == ["approve/committed/alice@example.com"]
 
 
 # --------------------------------------------------------------------------- misuse

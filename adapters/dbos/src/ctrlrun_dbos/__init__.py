@@ -148,7 +148,8 @@ def answer(
     arguments: Mapping[str, Any] | None = None,
 ) -> str:  # fmt: skip
     """Send the answer to the request ``workflow_id`` is waiting on (its ``ctrlrun.pending``
-    event); the same answer sent twice is delivered once. Returns the request id."""
+    event), keyed by the request and the approver: sent twice, it is delivered once (a corrected
+    answer after a refusal goes by ``client.send`` on ``topic(request_id)``). Returns the request id."""
     if type(approved) is not bool:
         raise InvalidArgument(f"answer(approved=...) must be True or False, got {approved!r}")
     pending = client.get_event(workflow_id, PENDING_EVENT, timeout_seconds=0)
