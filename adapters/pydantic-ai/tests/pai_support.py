@@ -148,9 +148,10 @@ def resume_in_this_process(state: str, history: str, answer: str) -> None:
     from ctrlrun import SQLiteStateStore
 
     guard_network()
-    store = SQLiteStateStore(state)
+    clock = Clock()  # the first pass's clock: the request has not expired by it
+    store = SQLiteStateStore(state, clock=clock)
     try:
-        app = build_app(store)
+        app = build_app(store, clock=clock)
         with open(history, "rb") as handle:
             messages = ModelMessagesTypeAdapter.validate_json(handle.read())
         with open(answer, encoding="utf-8") as handle:

@@ -452,9 +452,10 @@ def test_a_coerced_argument_is_shown_and_bound_as_validated(make, raw):
 
 def test_the_second_pass_runs_in_a_fresh_process_from_json(tmp_path):
     state = tmp_path / "state.db"
-    store = SQLiteStateStore(str(state))
+    clock = Clock()  # the store's and the Control's: never the wall clock, which moves on
+    store = SQLiteStateStore(str(state), clock=clock)
     try:
-        app = build_app(store)
+        app = build_app(store, clock=clock)
         paused = pause(app)
         shown = shown_of(paused)
         history = tmp_path / "history.json"
