@@ -314,3 +314,11 @@ def test_the_refusal_types_pickle_through_dbos(launched):
     assert unknown.value.effect_key == "refund:txn_5"
     assert remote_lines(app.settings.remote) == []
 
+
+def test_importing_the_adapter_does_not_import_dbos():
+    import subprocess
+    import sys
+
+    code = "import sys, ctrlrun_dbos; assert 'dbos' not in sys.modules, sorted(sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
