@@ -11,23 +11,17 @@ The effect key, not DBOS, makes the effect happen at most once when a step re-ru
 
 from __future__ import annotations
 
-import functools
+import inspect
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar, cast
 
-from ctrlrun import protect, with_approval
+from ctrlrun import protect
 from ctrlrun.adapter import ApprovalAnswer, ApprovalNotAsked, PendingApproval, banner
-from ctrlrun.approvals import ApprovalStatus
-from ctrlrun.errors import (
-    ApprovalMismatch,
-    ApprovalRequired,
-    ApprovalTimeout,
-    DuplicateEffect,
-    InvalidArgument,
-    NotExecuted,
-)
+from ctrlrun.errors import DuplicateEffect, InvalidArgument, NotExecuted
+
+from . import _wire
+from ._wire import CHANNEL, PENDING_EVENT, REFUSED_EVENT, topic
 
 __all__ = [
     "ANSWER_SHAPE",
@@ -43,15 +37,6 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-CHANNEL = "dbos:recv"
-"""The approver recorded when the answer names nobody (a channel, not a person)."""
-
-PENDING_EVENT = "ctrlrun.pending"
-"""The workflow event holding the pending request (``PendingApproval.to_dict()``)."""
-
-REFUSED_EVENT = "ctrlrun.refused"
-"""The workflow event set when an answer was refused (``{"request_id", "refused"}``); it waits on."""
-
 ANSWER_SHAPE = (
     'a DBOS answer is {"approved": true|false, "approver": "<who answered>" (optional), '
     '"arguments": {<the arguments shown in the ctrlrun.pending event>} (required on a grant '
@@ -63,18 +48,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _KEYS = frozenset({"approved", "approver", "arguments"})
-_NO_MESSAGE: Any = object()
-_message: ContextVar[Any] = ContextVar("ctrlrun_dbos_message", default=_NO_MESSAGE)
 _DEFAULT_STEP_OPTIONS: dict[str, Any] = {
     "retries_allowed": True, "max_attempts": 10, "interval_seconds": 1.0, "backoff_rate": 2.0,
 }  # fmt: skip
-
-
-def topic(request_id: str) -> str:
-    """The ``DBOS.recv`` topic a pending request's answer is sent on."""
-    if not isinstance(request_id, str) or not request_id:
-        raise InvalidArgument(f"topic(request_id) needs a request id, got {request_id!r}")
-    return "ctrlrun:" + request_id
+_STEP_OPTIONS = frozenset({"retries_allowed", "interval_seconds", "max_attempts", "backoff_rate",
+                           "should_retry"})  # fmt: skip
 
 
 def _refuse(message: Any, why: str) -> InvalidArgument:
@@ -107,8 +85,8 @@ class DBOSInterrupt:
 
     def interrupt(self, pending: PendingApproval) -> ApprovalAnswer:
         """The answer in the message the workflow received for ``pending``."""
-        message = _message.get()
-        if message is _NO_MESSAGE:
+        message = _wire.message.get()
+        if message is _wire.NO_MESSAGE:
             raise ApprovalNotAsked(
                 f"approval {pending.request_id}: DBOSInterrupt answers only inside a "
                 "protected_step's answer step (send the answer with ctrlrun_dbos.answer); "
@@ -194,15 +172,14 @@ def protected_step(
     name: str | None = None,
     **step_options: Any,
 ) -> Callable[[Callable[P, R]], Callable[P, R]]:
-    """Protect a function and run it as DBOS steps of the workflow that calls it.
+    """Protect a function (``def`` or ``async def``) and run it as DBOS steps of the workflow
+    that calls it.
 
     ``step_options`` go to the attempt step's ``@DBOS.step`` (defaults: ``retries_allowed=True,
     max_attempts=10``, waits from 1 s doubling); it retries only ``NotExecuted`` and an effect
     held by another attempt, and only where the caller's ``should_retry`` agrees. ``replay``: a
     committed effect of this same action with an exact result returns that result.
     """
-    from dbos import DBOS
-
     interrupt = getattr(getattr(control, "approvals", None), "interrupt", None)
     if not isinstance(interrupt, DBOSInterrupt):
         raise InvalidArgument(
@@ -212,8 +189,7 @@ def protected_step(
         )
     if type(replay) is not bool:
         raise InvalidArgument(f"protected_step({action!r}): replay must be True or False")
-    unknown = sorted(set(step_options) - {"retries_allowed", "interval_seconds", "max_attempts",
-                                          "backoff_rate", "should_retry"})  # fmt: skip
+    unknown = sorted(set(step_options) - _STEP_OPTIONS)
     if unknown:
         raise InvalidArgument(
             f"protected_step({action!r}): unknown step option(s) {', '.join(unknown)}; it takes "
@@ -224,87 +200,14 @@ def protected_step(
     banner(control)
 
     def decorate(function: Callable[P, R]) -> Callable[P, R]:
-        import inspect
+        from ._steps import ProtectedCall, async_runner, sync_runner
 
-        if inspect.iscoroutinefunction(function):
-            raise InvalidArgument(
-                f"protected_step({action!r}): {function.__qualname__} is async; this version "
-                "runs def functions as DBOS steps"
-            )
         protected = protect(
             action, effect=effect, resource=resource, lease=lease, reconcile=reconcile,
             reconcile_eagerly=reconcile_eagerly, task=task, hop=hop, wait=False, control=control,
         )(function)  # fmt: skip
-        step_name = name or function.__qualname__
-
-        def attempt(request_id: str | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-            present = request_id is not None and not _consumed(control, request_id)
-            try:
-                if present:
-                    assert request_id is not None
-                    with with_approval(request_id):
-                        value = protected(*args, **kwargs)
-                else:
-                    value = protected(*args, **kwargs)
-            except ApprovalRequired as asked:
-                record = control.store.get_approval(asked.request_id)
-                return {"request": PendingApproval.of(record).to_dict()}
-            except DuplicateEffect as refused:
-                if replay and refused.state == "committed" and refused.replayable:
-                    return {"value": refused.result}
-                raise
-            return {"value": value}
-
-        def answer_step(request_id: str, message: Any) -> Any:
-            reset = _message.set(message)
-            try:
-                approval = control.approvals.wait(request_id)
-            except (ApprovalNotAsked, ApprovalMismatch, InvalidArgument) as refused:
-                return {"refused": f"{type(refused).__name__}: {refused}"}
-            finally:
-                _message.reset(reset)
-            return "granted" if approval is not None else "denied"
-
-        attempt_step = DBOS.step(name=step_name, **options)(attempt)
-        answer_step_ = DBOS.step(name=step_name + ".answer")(answer_step)
-
-        @functools.wraps(function)
-        def run(*args: P.args, **kwargs: P.kwargs) -> R:
-            if DBOS.workflow_id is None or DBOS.step_id is not None:
-                raise InvalidArgument(
-                    f"{function.__qualname__} is a ctrlrun protected_step: call it inside a "
-                    "@DBOS.workflow() function (it runs as that workflow's steps)"
-                )
-            out = attempt_step(None, args, dict(kwargs))
-            while "request" in out:
-                pending = out["request"]
-                request_id = pending["request_id"]
-                DBOS.set_event(PENDING_EVENT, pending)
-                expires_at = datetime.fromisoformat(pending["expires_at"])
-                while True:
-                    left = (expires_at - datetime.now(UTC)).total_seconds()
-                    message = DBOS.recv(topic(request_id), timeout_seconds=max(left, 0.0))
-                    if message is None:
-                        raise ApprovalTimeout(
-                            f"approval request {request_id} got no answer on DBOS topic "
-                            f"{topic(request_id)!r} before it expired at {pending['expires_at']}; "
-                            "nothing ran and the request is still pending",
-                            request_id=request_id,
-                        )
-                    said = answer_step_(request_id, message)
-                    if isinstance(said, dict):
-                        DBOS.set_event(REFUSED_EVENT, {"request_id": request_id, **said})
-                        continue
-                    break
-                out = attempt_step(request_id, args, dict(kwargs))
-            return cast(R, out["value"])
-
-        return run
+        call = ProtectedCall(control, protected, replay, function.__qualname__)
+        runner = async_runner if inspect.iscoroutinefunction(function) else sync_runner
+        return cast(Callable[P, R], runner(call, function, name or function.__qualname__, options))
 
     return decorate
-
-
-def _consumed(control: Any, request_id: str) -> bool:
-    record = control.store.get_approval(request_id)
-    return record is not None and record.status is ApprovalStatus.CONSUMED
-
