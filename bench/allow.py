@@ -7,6 +7,8 @@ Per store, three variants run interleaved in the same process:
   work in worker threads);
 - ``protected + JSONL sink`` (SQLite) — the same with the evidence copy the default wiring adds
   (``ctrlrun.yaml`` next to a SQLite store: ``.ctrlrun/evidence/*.jsonl``);
+- ``protected, prepared=True`` (Postgres) — the same on a second schema whose store runs its
+  writes as server-side prepared statements (the opt-in for direct connections);
 - ``unprotected`` — the same function called directly;
 - ``raw 2 commits`` — the minimum durable work on the same kind of database (baselines.py).
 
@@ -29,6 +31,8 @@ from .common import (
     refund,
 )
 from .pg import Postgres
+
+PREPARED = "protected, prepared=True"
 from .stores import open_store, protected_refund, protected_refund_async, protected_refund_authority, usable_stores
 
 
@@ -46,6 +50,7 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
     loop = asyncio.new_event_loop()  # one running loop for every async call
     with fresh_dir(settings, f"allow-{kind}") as directory, closing(loop):
         opened = open_store(kind, directory, pg)
+        prepared_store = None
         try:
             store = opened.store
             control, protected = protected_refund(store)
@@ -53,6 +58,9 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
             authorized = protected_refund_authority(store)
             executed = {"n": 0}
             sinked = None
+            if kind == "postgres":
+                prepared_store = pg.store(pg.new_schema(), prepared=True)
+                prepared = protected_refund(prepared_store)[1]
             if kind.startswith("sqlite-"):
                 from ctrlrun import JSONLEventSink
 
@@ -66,6 +74,10 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
             def call_sinked(i: int) -> None:
                 assert sinked is not None
                 sinked(payment_id=f"j{i}", amount=ALLOWED_AMOUNT)
+
+            def call_prepared(i: int) -> None:
+                prepared(payment_id=f"p{i}", amount=ALLOWED_AMOUNT)
+                executed["n"] += 1
 
             def call_authorized(i: int) -> None:
                 authorized(payment_id=f"g{i}", amount=ALLOWED_AMOUNT)
@@ -84,19 +96,24 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
             ]
             if sinked is not None:
                 variants.insert(1, ("protected + JSONL sink", call_sinked))
+            if prepared_store is not None:
+                variants.insert(1, (PREPARED, call_prepared))
             if opened.raw is not None:
                 variants.append(("raw 2 commits", opened.raw.two_commits))
 
             counted: dict[str, list[int]] = {}  # variant: [transactions, calls]
             mark = {"tx": 0}
 
+            def counting(name: str) -> object:
+                return prepared_store if name == PREPARED else store
+
             def before(name: str) -> None:
-                mark["tx"] = store.transactions
+                mark["tx"] = counting(name).transactions  # type: ignore[attr-defined]
 
             def after(name: str, n: int) -> None:
                 if name.startswith("protected"):
                     seen = counted.setdefault(name, [0, 0])
-                    seen[0] += store.transactions - mark["tx"]
+                    seen[0] += counting(name).transactions - mark["tx"]  # type: ignore[attr-defined]
                     seen[1] += n
 
             with ctrlrun.context(agent=AGENT):
@@ -108,7 +125,7 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                     before=before,
                     after=after,
                 )
-            expected = settings.calls + settings.warmup
+            expected = (settings.calls + settings.warmup) * (2 if prepared_store is not None else 1)
             if executed["n"] != expected:
                 results.violation(
                     f"allow path on {kind}: the function ran {executed['n']} times for "
@@ -119,6 +136,9 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                 return transactions / calls if calls else None
 
             results.rows.append(Row("allow", kind, "protected", series["protected"], tx("protected")))
+            if prepared_store is not None:
+                results.rows.append(Row("allow", kind, PREPARED, series[PREPARED], tx(PREPARED),
+                                        "the opt-in for direct connections: writes as server-side prepared statements"))  # fmt: skip
             if sinked is not None:
                 results.rows.append(Row("allow", kind, "protected + JSONL sink",
                                         series["protected + JSONL sink"], tx("protected + JSONL sink"),
@@ -136,4 +156,6 @@ def _measure(kind: str, settings: Settings, pg: Postgres, results: Results) -> N
                     Row("allow", kind, "raw 2 commits", series["raw 2 commits"], 2.0, note)
                 )
         finally:
+            if prepared_store is not None:
+                prepared_store.close()
             opened.close()

@@ -109,10 +109,10 @@ class Postgres:
         self._schemas.append(name)
         return name
 
-    def store(self, schema: str) -> Any:
+    def store(self, schema: str, *, prepared: bool = False) -> Any:
         from ctrlrun.postgres import PostgresStateStore
 
-        return PostgresStateStore(self._conninfo, schema=schema)
+        return PostgresStateStore(self._conninfo, schema=schema, prepared=prepared)
 
     def drop_all(self) -> None:
         if not self._schemas:

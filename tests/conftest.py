@@ -137,12 +137,16 @@ def pg_schema(pg_url: str) -> Iterator[str]:
     drop_pg_schema(pg_url, name)
 
 
-def _postgres(tmp_path: Path, clock: FakeClock) -> Any:
+def _postgres(tmp_path: Path, clock: FakeClock, *, prepared: bool = False) -> Any:
     from ctrlrun.postgres import PostgresStateStore
 
     url = postgres_url()
     schema = create_pg_schema(url, pg_schema_for(tmp_path))
-    return PostgresStateStore(url, schema=schema, clock=clock)
+    return PostgresStateStore(url, schema=schema, clock=clock, prepared=prepared)
+
+
+def _postgres_prepared(tmp_path: Path, clock: FakeClock) -> Any:
+    return _postgres(tmp_path, clock, prepared=True)
 
 
 # Every backend the conformance suite runs against. ``factory(tmp_path, clock)`` opens the store
@@ -153,35 +157,38 @@ STORE_FACTORIES: dict[str, Callable[[Path, FakeClock], Any]] = {
     "postgres": _postgres,
 }
 DURABLE_STORES = ("postgres", "sqlite")
+# The conformance suite also runs the Postgres store with its writes as prepared statements.
+CONFORMANCE_FACTORIES = {**STORE_FACTORIES, "postgres-prepared": _postgres_prepared}
 
 
-def _backend_params(names: Any) -> list[Any]:
+def backend_params(names: Any) -> list[Any]:
     return [
-        pytest.param(name, marks=pytest.mark.postgres) if name == "postgres" else name
+        pytest.param(name, marks=pytest.mark.postgres) if name.startswith("postgres") else name
         for name in sorted(names)
     ]
 
 
-@pytest.fixture(params=_backend_params(STORE_FACTORIES))
-def store_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """Which backend this test runs against; cleans up a Postgres test schema afterwards."""
-    yield request.param
-    if request.param == "postgres" and os.environ.get(POSTGRES_URL_VARIABLE, "").strip():
+def drop_test_store(kind: str, tmp_path: Path) -> None:
+    """Drop the Postgres schema of one test directory (nothing for the other backends)."""
+    if kind.startswith("postgres") and os.environ.get(POSTGRES_URL_VARIABLE, "").strip():
         try:
             drop_pg_schema(os.environ[POSTGRES_URL_VARIABLE].strip(), pg_schema_for(tmp_path))
         except Exception:
             pass  # the server went away; the test itself reported it
 
 
-@pytest.fixture(params=_backend_params(DURABLE_STORES))
+@pytest.fixture(params=backend_params(STORE_FACTORIES))
+def store_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Which backend this test runs against; cleans up a Postgres test schema afterwards."""
+    yield request.param
+    drop_test_store(request.param, tmp_path)
+
+
+@pytest.fixture(params=backend_params(DURABLE_STORES))
 def durable_kind(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The backends whose storage outlives a store object (reopen tests)."""
     yield request.param
-    if request.param == "postgres" and os.environ.get(POSTGRES_URL_VARIABLE, "").strip():
-        try:
-            drop_pg_schema(os.environ[POSTGRES_URL_VARIABLE].strip(), pg_schema_for(tmp_path))
-        except Exception:
-            pass
+    drop_test_store(request.param, tmp_path)
 
 
 @pytest.fixture

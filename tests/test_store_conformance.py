@@ -35,8 +35,24 @@ from ctrlrun.receipt import GENESIS_HASH, Event, EventType, Receipt, verify_chai
 from ctrlrun.store import StateStore
 from ctrlrun.store.ops import StoreOps
 
+from .conftest import CONFORMANCE_FACTORIES, backend_params, drop_test_store
+
 LEASE = timedelta(minutes=5)
 TICK = timedelta(microseconds=1)
+
+
+@pytest.fixture(params=backend_params(CONFORMANCE_FACTORIES))
+def store_kind(request, tmp_path):
+    """Every backend, and the Postgres store once more with its writes prepared on the server."""
+    yield request.param
+    drop_test_store(request.param, tmp_path)
+
+
+@pytest.fixture
+def store(store_kind, tmp_path, clock):
+    instance = CONFORMANCE_FACTORIES[store_kind](tmp_path, clock)
+    yield instance
+    instance.close()
 
 
 def make_action(**arguments) -> Action:

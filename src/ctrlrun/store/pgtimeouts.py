@@ -31,6 +31,7 @@ _OPTION_NAME = re.compile(r"(?:-c\s*|--)([A-Za-z0-9_.-]+)\s*=")
 _OFF, _ON = ("0", "off", "false", "no"), ("1", "on", "true", "yes")
 STARTUP_PARAMETER = "ctrlrun_startup_options"
 SKEW_PARAMETER = "ctrlrun_max_clock_skew"
+PREPARED_PARAMETER = "ctrlrun_prepared"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +153,15 @@ def take_query(url: str, names: tuple[str, ...]) -> tuple[str, list[tuple[str, s
 
 def take_url_settings(url: str) -> tuple[str, dict[str, Any]]:
     """``(URL without them, settings)``: ctrlrun's own URL parameters, taken out before the URL
-    reaches libpq: ``ctrlrun_startup_options=off`` and ``ctrlrun_max_clock_skew=<seconds or
-    off>``."""
-    rest, taken = take_query(url, (STARTUP_PARAMETER, SKEW_PARAMETER))
+    reaches libpq: ``ctrlrun_startup_options=off``, ``ctrlrun_max_clock_skew=<seconds or
+    off>`` and ``ctrlrun_prepared=on``."""
+    rest, taken = take_query(url, (STARTUP_PARAMETER, SKEW_PARAMETER, PREPARED_PARAMETER))
     settings: dict[str, Any] = {}
     for name, value in taken:
         if name == STARTUP_PARAMETER:
             settings["startup_options"] = _flag(value, name)
+        elif name == PREPARED_PARAMETER:
+            settings["prepared"] = _flag(value, name)
         elif value.strip().lower() in ("off", "none", "false", "no"):
             settings["max_clock_skew"] = None
         else:

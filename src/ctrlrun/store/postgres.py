@@ -19,7 +19,8 @@ How it keeps the store's promises across hosts:
   beyond ``max_clock_skew`` the writes (which judge leases and expiry) are refused
   (``ClockSkew``);
 - no session state: every statement names the schema (SQLAlchemy ``schema_translate_map``), no
-  ``SET``, no server-side prepared statements, so a transaction-mode pooler (PgBouncer) is safe;
+  ``SET``, no server-side prepared statements unless ``prepared=True`` asks for them, so a
+  transaction-mode pooler (PgBouncer) is safe;
 - the receipt head row's ``UPDATE … RETURNING`` is a row lock: receipt writers serialize;
 - an error from ``COMMIT`` (other than SQLSTATE 40001/40P01, which roll back) leaves the outcome
   unknown: ``AmbiguousWrite``, never a retry, never ``failed``;
@@ -51,6 +52,8 @@ from ..errors import (
 )
 from ..receipt import Event, Receipt
 from .pgtimeouts import PostgresTimeouts, connect_parameters, take_query, take_url_settings
+from .pgerrors import NOTHING_COMMITTED, driver_error, message_of, sqlstate
+from .prepared import MISSING_PREPARED
 from .placing import as_draft, place_with_events, placed_receipt
 from .rows import Tx
 from .settle import finish_landed
@@ -77,8 +80,6 @@ SCHEMA_PARAMETER = "ctrlrun_schema"
 MIGRATION_LOCK_KEY = 0x6374726C72756E
 _SCHEMES = ("postgresql://", "postgres://")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# serialization failure, deadlock: rolled back; the session ended idle in its transaction
-_NOTHING_COMMITTED = {"40001", "40P01", "25P03"}
 _SKEW = timedelta(seconds=1)
 MAX_CLOCK_SKEW = 5.0  # seconds
 CLOCK_CHECK_INTERVAL = 60.0  # seconds between two measurements of the server's clock
@@ -138,16 +139,6 @@ def _check_skew_limit(value: Any) -> float | None:
     return float(value)
 
 
-def _sqlstate(exc: BaseException) -> str | None:
-    original = getattr(exc, "orig", None) or exc
-    return getattr(original, "sqlstate", None)
-
-
-def _message(exc: BaseException) -> str:
-    original = getattr(exc, "orig", None) or exc
-    return str(original).strip() or type(original).__name__
-
-
 class PostgresStateStore(SQLStateStore):
     """The store in one Postgres schema: threads, processes and hosts share it safely.
 
@@ -165,6 +156,11 @@ class PostgresStateStore(SQLStateStore):
     (``ClockSkew``); it is measured at open and at most once a minute after. An injected
     ``clock`` is not checked. The URL may carry ``ctrlrun_startup_options=off`` and
     ``ctrlrun_max_clock_skew=<seconds|off>``, which win over the keywords.
+
+    ``prepared=True`` (or ``ctrlrun_prepared=on``) runs the writes as server-side prepared
+    statements, so the server plans each once per connection instead of on every call: for a
+    direct connection or a session-mode pooler only, since a transaction-mode pooler does not
+    keep them.
     """
 
     def __init__(
@@ -176,6 +172,7 @@ class PostgresStateStore(SQLStateStore):
         migrate: bool = True,
         timeouts: PostgresTimeouts | None = None,
         max_clock_skew: float | None = MAX_CLOCK_SKEW,
+        prepared: bool = False,
     ) -> None:
         if isinstance(url, str) and url.startswith("postgresql+psycopg://"):
             url = "postgresql://" + url[len("postgresql+psycopg://") :]
@@ -191,6 +188,7 @@ class PostgresStateStore(SQLStateStore):
             timeouts = replace(timeouts, startup_options=settings["startup_options"])
         self.timeouts = timeouts
         self.max_clock_skew = _check_skew_limit(settings.get("max_clock_skew", max_clock_skew))
+        self.prepares = bool(settings.get("prepared", prepared))
         self.clock_check_interval = CLOCK_CHECK_INTERVAL
         # the clock is judged only when it is meant to tell the real time
         self._judges_clock = clock is utc_now and self.max_clock_skew is not None
@@ -287,59 +285,15 @@ class PostgresStateStore(SQLStateStore):
         return bool(status == self._psycopg.pq.TransactionStatus.INERROR)
 
     def _driver_error(self, exc: BaseException, doing: str) -> CTRLRunError:
-        state = _sqlstate(exc) or ""
-        message = _message(exc)
-        where = f"the Postgres store ({self.target})"
-        if "NUL" in message and "0x00" in message:
-            return InvalidArgument(f"{where} cannot keep a NUL character: {message}")
-        if isinstance(exc, UnicodeError) or state in ("22021", "22P05"):
-            return InvalidArgument(f"a value cannot be stored as UTF-8 text in {where}: {message}")
-        if state.startswith("23"):
-            return InvalidArgument(f"{where} refused a row: {message}")
-        if state == "42501":
-            return InvalidArgument(
-                f"{where}: permission denied while {doing} ({message}); the role needs "
-                f"GRANT USAGE, CREATE ON SCHEMA {self._schema} and rights on its tables"
-            )
-        t = self.timeouts
-        if state == "55P03":
-            return StoreUnavailable(
-                f"{where} gave up waiting for a lock while {doing} ({message}): another session "
-                f"held it past lock_timeout ({t.describe('lock')}); nothing was written: retry "
-                "(a lock held for long: find its session in pg_stat_activity)"
-            )
-        if state == "57014":
-            return StoreUnavailable(
-                f"{where} cancelled a statement while {doing} ({message}): it ran past "
-                f"statement_timeout ({t.describe('statement')}) or was cancelled; nothing was "
-                "written: retry (a long read: raise PostgresTimeouts.statement, or "
-                "options=-c statement_timeout=... in the URL)"
-            )
-        if state == "25P03":
-            return StoreUnavailable(
-                f"{where} ended the session while {doing} ({message}): a transaction sat idle "
-                f"past idle_in_transaction_session_timeout ({t.describe('idle_in_transaction')});"
-                " nothing of it was written: retry"
-            )
-        if state in _NOTHING_COMMITTED:
-            return StoreUnavailable(
-                f"{where} rolled the write back ({message}) while {doing}; nothing was "
-                "written: retry"
-            )
-        original = getattr(exc, "orig", None) or exc
-        psycopg = self._psycopg
-        lost = isinstance(original, (psycopg.OperationalError, psycopg.InterfaceError))
-        if state.startswith(("08", "57P")) or (lost and not state):
-            hint = ""
-            if isinstance(original, getattr(psycopg.errors, "ConnectionTimeout", ())):
-                hint = f" (connect_timeout {t.describe('connect')}): is the server up, reachable?"
-            return StoreUnavailable(f"cannot reach {where} while {doing}: {message}{hint}")
-        if self._transient(exc):
-            return StoreUnavailable(f"{where} could not take this while {doing}: {message}")
-        return StoreError(f"{where} failed while {doing}: {message}")
+        if sqlstate(exc) == MISSING_PREPARED and self._local.prepared is not None:
+            self._local.prepared.forget()  # prepared again by the next write
+        return driver_error(exc, doing, self, transient=self._transient(exc))
+
+    def _transient(self, exc: BaseException) -> bool:
+        return sqlstate(exc) == MISSING_PREPARED or super()._transient(exc)
 
     def _commit_error(self, exc: BaseException) -> CTRLRunError:
-        if _sqlstate(exc) in _NOTHING_COMMITTED:
+        if sqlstate(exc) in NOTHING_COMMITTED:
             return self._driver_error(exc, "committing")
         return super()._commit_error(exc)
 
@@ -578,11 +532,11 @@ class PostgresStateStore(SQLStateStore):
             raise
         except SQLAlchemyError as exc:
             self._rollback(transaction)
-            if _sqlstate(exc) == "42501":
+            if sqlstate(exc) == "42501":
                 raise self._driver_error(exc, "migrating") from None
             raise SchemaMismatch(
                 f"migrating {self.target} failed and was rolled back, the schema is unchanged: "
-                f"{_message(exc)}",
+                f"{message_of(exc)}",
                 applied=tuple(sorted(applied)),
                 known=MIGRATIONS,
                 running=running_version(),
@@ -595,7 +549,7 @@ class PostgresStateStore(SQLStateStore):
         except SQLAlchemyError as exc:
             self._rollback(transaction)
             raise SchemaMismatch(
-                f"the COMMIT of the migration of {self.target} failed ({_message(exc)}); open "
+                f"the COMMIT of the migration of {self.target} failed ({message_of(exc)}); open "
                 "the store again: a migration either applied whole or not at all",
                 applied=tuple(sorted(applied)),
                 known=MIGRATIONS,

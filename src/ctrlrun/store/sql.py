@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ..errors import AmbiguousWrite, CTRLRunError, StoreError, StoreUnavailable
 from .ops import StoreOps
+from .prepared import Prepared, prepare_form
 from .rows import KeptWrite, Tx
 from .sqltx import SQLTx
 from .statements import Statements
@@ -56,12 +58,15 @@ class Transaction:
     sent alone but in front of the first statement, and ``run_and_commit`` sends a statement
     with the ``COMMIT``, so a transaction costs two round trips fewer. ``committing`` is true
     while a message carrying ``COMMIT`` is unanswered: an error then leaves the outcome unknown
-    unless the transaction failed before it.
+    unless the transaction failed before it. With ``prepared`` (the connection's prepared
+    statements), each statement is prepared on its first use, in a message of its own sent before
+    the one it belongs to, and executed by name from then on.
     """
 
     def __init__(
         self, dbapi: Any, cursor: Any, begin: str | None, *, fused: bool = False,
         unique_error: type[BaseException] | tuple[()] = (), trace: Trace | None = None,
+        prepared: Prepared | None = None,
     ) -> None:  # fmt: skip
         self.dbapi = dbapi
         self.cursor = cursor
@@ -70,13 +75,15 @@ class Transaction:
         self.committing = False
         self._trace = trace
         self._begin = begin
+        self._prepared = prepared
         self._open = False  # a transaction is open on the server
         if begin is not None and not fused:
             self._send(begin, None)
             self._open = True
         # ``run`` without its bookkeeping, where it has none to do (nothing traced, no BEGIN
         # waiting to ride along): the cursor's own execute, which answers with the cursor too
-        self.direct = cursor.execute if trace is None and (begin is None or not fused) else self.run
+        plain = trace is None and prepared is None and (begin is None or not fused)
+        self.direct = cursor.execute if plain else self.run
 
     def _send(self, text: str, parameters: Sequence[Any] | None) -> Any:
         if self._trace is not None:
@@ -85,8 +92,23 @@ class Transaction:
             return self.cursor.execute(text)
         return self.cursor.execute(text, parameters)
 
+    def _form(self, statement: str, prepared: Prepared) -> str:
+        """What to send for ``statement``: its ``EXECUTE``, prepared here first if it is new."""
+        text = prepared.known.get(statement)
+        if text is None:
+            form = prepare_form(statement)
+            if form is None:
+                text = statement
+            else:
+                self._send(form[0], None)
+                text = form[1]
+            prepared.known[statement] = text
+        return text
+
     def run(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
         cursor = self.cursor
+        if self._prepared is not None:
+            statement = self._form(statement, self._prepared)
         if not self._open and self._begin is not None:  # fused: BEGIN rides with it
             self._send(f"{self._begin}; {statement}", parameters)
             self._open = True
@@ -97,6 +119,8 @@ class Transaction:
 
     def run_and_commit(self, statement: str, parameters: Sequence[Any] | None = None) -> Any:
         cursor = self.cursor
+        if self._prepared is not None:  # before the COMMIT is in flight
+            statement = self._form(statement, self._prepared)
         begun = not self._open
         text = f"{self._begin}; {statement}; COMMIT" if begun else f"{statement}; COMMIT"
         self._open, self.committing = True, True
@@ -129,6 +153,7 @@ class SQLStateStore(StoreOps):
 
     BEGIN_WRITE = "BEGIN"
     FUSED = False  # the driver sends BEGIN and COMMIT with statements (see Transaction)
+    prepares = False  # writes run as server-side prepared statements (see Transaction)
     #: how long the outcome of a function that ran is retried (seconds); see _write_outcome
     outcome_deadline = 15.0
     _monotonic = staticmethod(time.monotonic)
@@ -147,6 +172,7 @@ class SQLStateStore(StoreOps):
         self._connections: list[Connection] = []
         self._connections_lock = threading.Lock()
         self._generation = 0
+        self._prepared: weakref.WeakKeyDictionary[Any, Prepared] = weakref.WeakKeyDictionary()
 
     # -- dialect hooks
 
@@ -225,7 +251,10 @@ class SQLStateStore(StoreOps):
             return driver  # type: ignore[no-any-return]
         dbapi = self._conn().connection.driver_connection
         driver = (dbapi, self._cursor(dbapi))
-        local.driver = driver
+        prepared = self._prepared.get(dbapi) if self.prepares else None
+        if prepared is None and self.prepares:  # the server holds them per connection
+            prepared = self._prepared[dbapi] = Prepared()
+        local.driver, local.prepared = driver, prepared
         return driver
 
     def _lost(self, exc: BaseException) -> None:
@@ -258,8 +287,10 @@ class SQLStateStore(StoreOps):
 
     def _begin_write(self, dbapi: Any, cursor: Any) -> Transaction:
         """Open the transaction of one write (``BEGIN_WRITE`` sent, or deferred when fused)."""
+        prepared = self._local.prepared
         return Transaction(dbapi, cursor, self.BEGIN_WRITE, fused=self.FUSED,
-                           unique_error=self._unique_error, trace=self.trace)  # fmt: skip
+                           unique_error=self._unique_error, trace=self.trace,
+                           prepared=prepared)  # fmt: skip
 
     @staticmethod
     def _rollback(transaction: Any) -> None:
