@@ -339,6 +339,39 @@ def test_template_round_trip(parts: list[Any]) -> None:
     assert rendered == expected
 
 
+class _Text(str):
+    """A str subclass: a checked argument whose canonical form is a plain str."""
+
+
+@SETTINGS
+@given(
+    st.lists(st.one_of(literals, st.sampled_from(["amount", "meta", "resource", "x"]).map(Placeholder)),
+             min_size=1, max_size=4),
+    st.dictionaries(st.sampled_from(["amount", "meta", "x"]),
+                    st.one_of(values, texts.map(_Text)), max_size=3),
+    st.one_of(st.none(), st.just("db://main")),
+)  # fmt: skip
+def test_plain_effect_key_agrees_with_the_canonical_render(parts, given, resource) -> None:
+    """Rendered from the checked arguments, the key is the one their canonical form renders, or
+    nothing (the general render decides)."""
+    from ctrlrun.action import Action, Principal
+    from ctrlrun.policy.templates import plain_effect_key
+
+    text = "".join(p if isinstance(p, str) else "{" + p.name + "}" for p in parts)
+    assume(text)
+    action = Action("a.b", given, Principal("agent"), resource)
+    plain = plain_effect_key(text, action.arguments)
+    try:
+        expected = render_effect_key(text, action._arguments_view(), action.resource)
+    except EffectKeyError:
+        assert plain is None
+    else:
+        assert plain is None or plain == expected
+    if plain is None and all(type(given.get(p.name)) in (str, int) and given.get(p.name) != ""
+                             for p in parts if isinstance(p, Placeholder) and p.name != "resource"):
+        assert any(isinstance(p, Placeholder) and p.name == "resource" for p in parts)
+
+
 @SETTINGS
 @given(values)
 def test_effect_key_value_rule(value: Any) -> None:

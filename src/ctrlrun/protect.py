@@ -16,7 +16,12 @@ from ._steps import GIVE_WAY, Steps, drive, drive_async
 from ._steps import call as blocking
 from .action import Action
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
-from .policy.templates import render_effect_key, render_resource, template_placeholders
+from .policy.templates import (
+    plain_effect_key,
+    render_effect_key,
+    render_resource,
+    template_placeholders,
+)
 
 if TYPE_CHECKING:  # a Control is built (and its module loaded) by whoever passes one, or the default
     from ._settings import Reconcile
@@ -158,6 +163,8 @@ class _Protected:
             given = dict(zip(self._positional, args)) if args else {}
             if not given.keys() & kwargs.keys():
                 given.update(kwargs)
+                if len(given) == len(names) and given.keys() == self._name_set:
+                    return {n: given[n] for n in names}  # every parameter given
                 defaults = self._defaults
                 if given.keys() <= self._name_set and all(
                     n in given or n in defaults for n in names
@@ -183,10 +190,13 @@ class _Protected:
         action = Action(self.name, arguments, principal, resource, environment=control._environment)
         effect_key, effect_error = None, None
         if effect is not None:
-            try:
-                effect_key = render_effect_key(effect, action._arguments_view(), action.resource)
-            except EffectKeyError as exc:
-                effect_error = exc
+            # the checked arguments render as their canonical form would, when plain
+            effect_key = plain_effect_key(effect, action.arguments)
+            if effect_key is None:
+                try:
+                    effect_key = render_effect_key(effect, action._arguments_view(), action.resource)
+                except EffectKeyError as exc:
+                    effect_error = exc
         elif self.reconcile is not None:
             self.warn_once("reconcile", "action %r has a reconcile hook but no effect key; "
                            "the hook is never called", self.name)  # fmt: skip

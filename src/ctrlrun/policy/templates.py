@@ -12,6 +12,7 @@ __all__ = [
     "Placeholder",
     "TemplateSyntaxError",
     "parse_template",
+    "plain_effect_key",
     "render_effect_key",
     "render_resource",
     "template_placeholders",
@@ -122,6 +123,47 @@ def _describe(value: Any) -> str:
 
 
 _VALUE_RULE = "a placeholder value must be a non-empty string or an integer (not a bool)"
+
+
+@lru_cache(maxsize=1024)
+def _plain_plan(template: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """``(literals, names)`` of a valid template naming only arguments (one literal more than
+    names, possibly empty), or ``None``."""
+    try:
+        parts = _parse(template)
+    except TemplateSyntaxError:
+        return None
+    literals, names = [""], []
+    for part in parts:
+        if isinstance(part, Placeholder):
+            if part.name == "resource":
+                return None
+            names.append(part.name)
+            literals.append("")
+        else:
+            literals[-1] += part
+    return tuple(literals), tuple(names)
+
+
+def plain_effect_key(template: str, arguments: Mapping[str, Any]) -> str | None:
+    """The effect key when every placeholder names an argument whose value is exactly a
+    non-empty ``str`` or an ``int`` (what a checked value's canonical form gives back unchanged),
+    else ``None``: then ``render_effect_key`` decides, and explains a refusal."""
+    plan = _plain_plan(template) if type(template) is str else None
+    if plan is None:
+        return None
+    literals, names = plan
+    out = literals[0]
+    for name, literal in zip(names, literals[1:]):
+        value = arguments.get(name)
+        kind = type(value)
+        if kind is str and value:
+            out += value + literal
+        elif kind is int:
+            out += int.__repr__(value) + literal
+        else:
+            return None
+    return out
 
 
 def render_effect_key(

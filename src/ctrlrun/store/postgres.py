@@ -53,6 +53,7 @@ from ..errors import (
 from ..receipt import Event, Receipt
 from .pgtimeouts import PostgresTimeouts, connect_parameters, take_query, take_url_settings
 from .pgerrors import NOTHING_COMMITTED, driver_error, message_of, sqlstate
+from .pgliteral import Literals
 from .prepared import MISSING_PREPARED
 from .placing import as_draft, place_with_events, placed_receipt
 from .rows import Tx
@@ -240,6 +241,7 @@ class PostgresStateStore(SQLStateStore):
         ).execution_options(schema_translate_map={None: schema})
         super().__init__(engine, clock=clock)
         self._unique_error = psycopg.errors.UniqueViolation
+        self._render = Literals().render
         self._open_or_close(migrate)
 
     FUSED = True  # BEGIN and COMMIT ride with the statements

@@ -42,6 +42,8 @@ class _Failed(Exception):
         super().__init__(str(error))
         self.cause, self.error, self.unknown = cause, error, unknown
 Trace = Callable[[str, Sequence[Any] | None], None]
+#: writes a statement's parameters into its text, or answers None to leave them to the driver
+Render = Callable[[str, Sequence[Any]], "str | None"]
 
 
 def _schema_of(engine: Engine) -> str | None:
@@ -66,7 +68,7 @@ class Transaction:
     def __init__(
         self, dbapi: Any, cursor: Any, begin: str | None, *, fused: bool = False,
         unique_error: type[BaseException] | tuple[()] = (), trace: Trace | None = None,
-        prepared: Prepared | None = None,
+        prepared: Prepared | None = None, render: Render | None = None,
     ) -> None:  # fmt: skip
         self.dbapi = dbapi
         self.cursor = cursor
@@ -76,13 +78,14 @@ class Transaction:
         self._trace = trace
         self._begin = begin
         self._prepared = prepared
+        self._render = render
         self._open = False  # a transaction is open on the server
         if begin is not None and not fused:
             self._send(begin, None)
             self._open = True
         # ``run`` without its bookkeeping, where it has none to do (nothing traced, no BEGIN
         # waiting to ride along): the cursor's own execute, which answers with the cursor too
-        plain = trace is None and prepared is None and (begin is None or not fused)
+        plain = trace is None and prepared is None and render is None and (begin is None or not fused)
         self.direct = cursor.execute if plain else self.run
 
     def _send(self, text: str, parameters: Sequence[Any] | None) -> Any:
@@ -90,6 +93,10 @@ class Transaction:
             self._trace(text, parameters)
         if parameters is None:
             return self.cursor.execute(text)
+        if self._render is not None:
+            rendered = self._render(text, parameters)
+            if rendered is not None:
+                return self.cursor.execute(rendered)
         return self.cursor.execute(text, parameters)
 
     def _form(self, statement: str, prepared: Prepared) -> str:
@@ -154,6 +161,7 @@ class SQLStateStore(StoreOps):
     BEGIN_WRITE = "BEGIN"
     FUSED = False  # the driver sends BEGIN and COMMIT with statements (see Transaction)
     prepares = False  # writes run as server-side prepared statements (see Transaction)
+    _render: Render | None = None  # parameters written as literals (see Transaction)
     #: how long the outcome of a function that ran is retried (seconds); see _write_outcome
     outcome_deadline = 15.0
     _monotonic = staticmethod(time.monotonic)
@@ -290,7 +298,7 @@ class SQLStateStore(StoreOps):
         prepared = self._local.prepared
         return Transaction(dbapi, cursor, self.BEGIN_WRITE, fused=self.FUSED,
                            unique_error=self._unique_error, trace=self.trace,
-                           prepared=prepared)  # fmt: skip
+                           prepared=prepared, render=self._render)  # fmt: skip
 
     @staticmethod
     def _rollback(transaction: Any) -> None:
@@ -384,7 +392,7 @@ class SQLStateStore(StoreOps):
 
     def _read(self, operation: Callable[[Tx, datetime], T]) -> T:
         dbapi, cursor = self._driver()
-        transaction = Transaction(dbapi, cursor, None, trace=self.trace)
+        transaction = Transaction(dbapi, cursor, None, trace=self.trace, render=self._render)
         try:
             return operation(SQLTx(transaction, self._statements), self._now())
         except (*self._errors, UnicodeError) as exc:  # type: ignore[misc]
