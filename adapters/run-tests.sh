@@ -32,12 +32,22 @@ done
 export CTRLRUN_TEST_POSTGRES_URL="${CTRLRUN_TEST_POSTGRES_URL:-}"
 export OPENAI_API_KEY="" OPENAI_AGENTS_DISABLE_TRACING=1
 cd "$here/.."
-# one pytest run per adapter, so one suite's fixtures and helper modules never meet another's
+# One pytest run per adapter, so one suite's fixtures and helper modules never meet another's.
+# The DBOS suite, most of it waiting on the processes its crash tests kill and restart, runs
+# beside the others; its output is printed whole when it ends.
 status=0
+dbos_log="$(mktemp)"
+"$python" -m pytest -q -p no:cacheprovider "$here/dbos/tests" "$@" >"$dbos_log" 2>&1 &
+dbos_pid=$!
 for suite in "${suites[@]}"; do
+    [ "$suite" = "$here/dbos/tests" ] && continue
     "$python" -m pytest -q -p no:cacheprovider "$suite" "$@" || status=1
 done
 # The core suite skips running the adapter examples twice in a row when the adapters are not
 # installed yet; they are now.
 "$python" -m pytest -q -p no:cacheprovider tests/test_examples.py -k runs_twice_in_a_row "$@" || status=1
+wait "$dbos_pid" || status=1
+echo "--- adapters/dbos/tests"
+cat "$dbos_log"
+rm -f "$dbos_log"
 exit "$status"
