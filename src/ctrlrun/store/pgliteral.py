@@ -8,20 +8,19 @@ call. Anything else is left to the driver, as is text it would refuse (a NUL cha
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Literals"]
+from .prepared import PLACEHOLDER
 
-_TOKEN = re.compile(r"%%|%s")
+__all__ = ["Literals"]
 
 
 def _chunks(statement: str) -> tuple[str, ...]:
     """The statement's text around its ``%s`` placeholders, ``%%`` written as ``%``."""
     chunks, current = [], []
     position = 0
-    for match in _TOKEN.finditer(statement):
+    for match in PLACEHOLDER.finditer(statement):
         current.append(statement[position : match.start()])
         if match.group() == "%%":
             current.append("%")

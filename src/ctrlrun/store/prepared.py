@@ -11,11 +11,12 @@ from __future__ import annotations
 import hashlib
 import re
 
-__all__ = ["MISSING_PREPARED", "Prepared", "prepare_form"]
+__all__ = ["MISSING_PREPARED", "PLACEHOLDER", "Prepared", "prepare_form"]
 
 #: the SQLSTATE of EXECUTE naming a statement the server does not know (invalid_sql_statement_name)
 MISSING_PREPARED = "26000"
-_PLACEHOLDER = re.compile(r"%%|%s")
+#: a client-side binding placeholder, or an escaped percent sign
+PLACEHOLDER = re.compile(r"%%|%s")
 _PREPARABLE = ("WITH", "INSERT", "UPDATE", "DELETE", "SELECT", "VALUES")
 
 
@@ -34,7 +35,7 @@ def prepare_form(statement: str) -> tuple[str, str] | None:
         count += 1
         return f"${count}"
 
-    body = _PLACEHOLDER.sub(numbered, statement)
+    body = PLACEHOLDER.sub(numbered, statement)
     name = "ctrlrun_" + hashlib.sha256(statement.encode()).hexdigest()[:20]
     execute = f"EXECUTE {name}({', '.join(['%s'] * count)})" if count else f"EXECUTE {name}"
     return f"PREPARE {name} AS {body}", execute
