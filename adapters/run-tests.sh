@@ -4,7 +4,18 @@
 #
 # Needs: an active virtualenv (or interpreter given as $PYTHON) where ctrlrun is installed, so that
 # pip resolves the adapters' `ctrlrun>=0.1,<0.2` to this checkout instead of fetching it.
+#
+#   bash adapters/run-tests.sh --install-only   install and type-check the adapters, run nothing
+#   bash adapters/run-tests.sh --installed      only the suites (installed before the core suite
+#                                               ran, so it ran the adapter examples itself)
+# Any other arguments go to each pytest run.
 set -euo pipefail
+
+step=all
+case "${1:-}" in
+    --install-only) step=install; shift ;;
+    --installed) step=test; shift ;;
+esac
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python="${PYTHON:-python}"
@@ -23,10 +34,12 @@ for adapter in "${adapters[@]}"; do
     sources+=("$here/$adapter/src")
     suites+=("$here/$adapter/tests")
 done
-"$python" -m pip install --quiet --disable-pip-version-check "${installs[@]}"
-
-# Each adapter's package is typed like the core.
-"$python" -m mypy --strict "${sources[@]}"
+if [ "$step" != test ]; then
+    "$python" -m pip install --quiet --disable-pip-version-check "${installs[@]}"
+    # Each adapter's package is typed like the core.
+    "$python" -m mypy --strict "${sources[@]}"
+fi
+[ "$step" = install ] && exit 0
 
 # The DBOS suite runs on SQLite and on this Postgres server (under CI a missing one fails it).
 export CTRLRUN_TEST_POSTGRES_URL="${CTRLRUN_TEST_POSTGRES_URL:-}"
@@ -44,8 +57,10 @@ for suite in "${suites[@]}"; do
     "$python" -m pytest -q -p no:cacheprovider "$suite" "$@" || status=1
 done
 # The core suite skips running the adapter examples twice in a row when the adapters are not
-# installed yet; they are now.
-"$python" -m pytest -q -p no:cacheprovider tests/test_examples.py -k runs_twice_in_a_row "$@" || status=1
+# installed yet; they are now (with --installed they were already, and it ran them).
+if [ "$step" = all ]; then
+    "$python" -m pytest -q -p no:cacheprovider tests/test_examples.py -k runs_twice_in_a_row "$@" || status=1
+fi
 wait "$dbos_pid" || status=1
 echo "--- adapters/dbos/tests"
 cat "$dbos_log"

@@ -285,6 +285,7 @@ def test_a_held_chain_head_stops_the_allowed_finish_and_leaves_the_key_held(pg_u
     """The function ran; its finish could not take the head: the error says nothing was
     written, and the key stays ``executing`` under its lease (no blind retry runs it again)."""
     store = _quick(pg_url, pg_schema, lock=0.2)
+    store.outcome_deadline = 1.0  # the finish is retried, as always, but not for the usual 15 s
     control = Control(Policy.from_yaml(POLICY), store)
     ran: list[str] = []
 
