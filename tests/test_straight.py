@@ -59,6 +59,30 @@ def test_straight_receipt_is_the_receipt_class_byte_for_byte(order, amount, note
     assert verify_chain(store).ok
 
 
+def test_a_call_sites_kept_formats_write_each_calls_own_receipt():
+    """The formats kept for one call site (its action, principal, resource and task written)
+    serve its next calls: each receipt is still the Receipt class's, ``%`` in any text kept."""
+    store = InMemoryStateStore()
+    policy = Policy.from_yaml(POLICY.replace('    resource: "order/{order}"\n', ""))
+    control = Control(policy, store, environment="prod%(x)s%%")
+    refund = protect("shop.refund", control=control, task="t-%(hop)s%")(
+        lambda order, amount: {"order": order}
+    )
+    orders = ["o-%(seq)s", "o-%", "o-%%(hop)s", "o-4"]
+    with context(agent="agent-%(receipt_id)s", user="%%u"):
+        for order in orders:
+            refund(order=order, amount=5)
+    receipts = store.receipts()
+    assert [r.effect_key for r in receipts] == [f"refund:{o}" for o in orders]
+    assert {(r.task, r.environment, r.principal.agent, r.principal.user) for r in receipts} == {
+        ("t-%(hop)s%", "prod%(x)s%%", "agent-%(receipt_id)s", "%%u")
+    }
+    for stored in receipts:
+        rebuilt, _ = Receipt.from_dict(stored.to_dict())._placed(stored.seq, stored.prev_hash)
+        assert rebuilt.to_json() == stored.to_json() and rebuilt.hash == stored.hash
+    assert verify_chain(store).ok
+
+
 def test_straight_path_writes_the_pipelines_events_and_receipt():
     """One call by ``@protect`` (straight) and the same action through ``Control.run`` (the
     pipeline): equal events and receipts but for ids and times."""
@@ -181,3 +205,15 @@ def test_the_memory_stores_two_shortcuts_write_what_its_general_path_writes(resu
     general = run(InMemoryStateStore(clock=_same_moment_clock()),
                   StoreOps.start_attempt, StoreOps.finish_attempt)  # fmt: skip
     assert shortcut == general
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(ascii_text, st.one_of(st.none(), st.booleans(), st.integers(), ascii_text,
+                                             text), max_size=6))  # fmt: skip
+def test_a_flat_result_is_stored_as_the_compact_encoder_writes_it(result):
+    """A flat object returned by the function takes a shortcut to its column text: the same
+    text, keys in their order, as the encoder gives."""
+    from ctrlrun.store.codec import _UTF8_JSON, dumps
+
+    assert dumps(result, "result") == _UTF8_JSON.encode(result)
+    assert json.loads(dumps(result, "result")) == result

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, overload
 
 from .errors import InvalidArgument
 
@@ -33,8 +32,9 @@ class CallOptions(TypedDict, total=False):
     scope: Any
 
 
-@dataclass(frozen=True)
-class _Options:
+class _Options(NamedTuple):
+    """One call's settings, checked (a tuple: one is made per call)."""
+
     effect_key: str | None
     lease: timedelta
     reconcile: Reconcile | None

@@ -22,7 +22,7 @@ from .effect import EffectState
 from ._outcomes import lost_start, outcome_unrecorded
 from .errors import AmbiguousEffect, AmbiguousWrite, CTRLRunError, DuplicateEffect, InvalidArgument
 from .policy import Decision, Evaluation
-from .drafts import ReceiptDraft, receipt_formats
+from .drafts import ReceiptDraft, fill_formats, receipt_formats
 from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA
 from .store.codec import dumps
 
@@ -40,7 +40,7 @@ class _Decided:
     """What one policy outcome contributes to every allowed call: its event data and the
     receipt's formats with the constant keys written."""
 
-    __slots__ = ("evaluated", "formats")
+    __slots__ = ("evaluated", "formats", "sites")
 
     def __init__(self, control: Control, evaluation: Evaluation) -> None:
         decision = str(evaluation.decision)
@@ -56,6 +56,25 @@ class _Decided:
             "precondition_at_recheck": None, "approvers": [], "authority_grant_id": None,
             "scope_hash": None, "budget_charges": [], "edited_from": None, "edit_diff": None,
         })  # fmt: skip
+        #: the formats with one call site's keys written too, by (action, principal, resource,
+        #: task, hop): what repeats from call to call of one protected function
+        self.sites: dict[tuple[Any, ...], tuple[str, str]] = {}
+
+    def site_formats(
+        self, name: str, principal: tuple[str, str], resource: str | None, task: str | None,
+        hop: str | None,
+    ) -> tuple[str, str]:  # fmt: skip
+        key = (name, principal, resource, task, hop)
+        formats = self.sites.get(key)
+        if formats is None:
+            if len(self.sites) >= 1024:
+                self.sites.clear()
+            formats = self.sites[key] = fill_formats(self.formats, {
+                "action": _json_str(name), "principal": principal[0],
+                "principal_sorted": principal[1], "resource": _json_opt(resource),
+                "task": _json_opt(task), "hop": _json_opt(hop),
+            })  # fmt: skip
+        return formats
 
 
 def _principal_texts(principal: Principal) -> tuple[str, str]:
@@ -153,15 +172,13 @@ class Straight:
         receipt_id = new_id("ctr")
         values = {
             "receipt_id": '"' + receipt_id + '"', "action_id": _json_str(action_id),
-            "action": _json_str(action.name), "action_hash": '"' + action_hash + '"',
-            "principal": texts[0], "principal_sorted": texts[1],
-            "resource": _json_opt(action.resource), "arguments": action._arguments_json,
+            "action_hash": '"' + action_hash + '"', "arguments": action._arguments_json,
             "effect_key": _json_opt(effect_key), "attempt": str(number),
             "started_at": '"' + started_at + '"', "finished_at": '"' + finished_at + '"',
-            "task": _json_opt(task), "hop": _json_opt(hop),
         }  # fmt: skip
+        formats = decided.site_formats(action.name, texts, action.resource, task, hop)
         draft = ReceiptDraft(
-            values, decided.formats, receipt_id=receipt_id, action_id=action_id,
+            values, formats, receipt_id=receipt_id, action_id=action_id,
             effect_key=effect_key, result="committed", finished_at=finished_at,
         )  # fmt: skip
         try:

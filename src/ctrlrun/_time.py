@@ -18,35 +18,39 @@ def format_ts(moment: datetime) -> str:
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
     # what isoformat(timespec="milliseconds") writes (truncated, never rounded), "Z" for
-    # "+00:00"; spelled out because it runs several times per call and this is twice as fast
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (
-        moment.year, moment.month, moment.day,
-        moment.hour, moment.minute, moment.second, moment.microsecond // 1000,
-    )  # fmt: skip
-
-
-_last_precise: tuple[object, str] = (None, "")  # the last moment formatted, and its text
+    # "+00:00"; each minute's text is written once
+    prefix = _minutes.get((moment.minute, moment.hour, moment.day, moment.month, moment.year))
+    if prefix is None:
+        prefix = _minute_text(moment)
+    return prefix + _TWO[moment.second] + "." + _THREE[moment.microsecond // 1000] + "Z"
 
 
 def format_precise(moment: datetime) -> str:
     """UTC ISO-8601 at full (microsecond) precision, for exact storage round trips."""
-    global _last_precise
-    last = _last_precise
-    if moment is last[0]:  # one write stamps several columns with the same moment
-        return last[1]
-    text = _format_precise(moment)
-    _last_precise = (moment, text)  # one reference swapped: a thread sees one pair or another
-    return text
-
-
-def _format_precise(moment: datetime) -> str:
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
-    # isoformat(timespec="microseconds"), spelled out as format_ts is
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%06d+00:00" % (
-        moment.year, moment.month, moment.day,
-        moment.hour, moment.minute, moment.second, moment.microsecond,
+    # isoformat(timespec="microseconds"), with the minute's text kept as format_ts keeps it
+    prefix = _minutes.get((moment.minute, moment.hour, moment.day, moment.month, moment.year))
+    if prefix is None:
+        prefix = _minute_text(moment)
+    micro = moment.microsecond
+    return prefix + _TWO[moment.second] + "." + _THREE[micro // 1000] + _THREE[micro % 1000] + "+00:00"
+
+
+_TWO = tuple("%02d" % n for n in range(60))  # a second's digits (a leap second never reaches here)
+_THREE = tuple("%03d" % n for n in range(1000))  # milliseconds, or a half of the microseconds
+#: the minutes formatted lately (a call stamps its moments and its lease's expiry, minutes apart)
+_minutes: dict[tuple[int, int, int, int, int], str] = {}
+
+
+def _minute_text(moment: datetime) -> str:
+    """``YYYY-MM-DDTHH:MM:`` of ``moment``, kept for the next moments of that minute."""
+    if len(_minutes) >= 16:
+        _minutes.clear()
+    text = _minutes[(moment.minute, moment.hour, moment.day, moment.month, moment.year)] = (
+        "%04d-%02d-%02dT%02d:%02d:" % (moment.year, moment.month, moment.day, moment.hour, moment.minute)
     )  # fmt: skip
+    return text
 
 
 def parse_ts(text: str) -> datetime:

@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from ._frozen import builder
 from .action import canonical_bytes
 from .errors import AmbiguousEffect, CTRLRunError, DuplicateEffect, InvalidArgument
 
@@ -151,6 +152,10 @@ def check_reservation_args(effect_key: Any, action_id: Any, lease: Any) -> None:
         raise InvalidArgument(f"lease must be a positive timedelta, got {lease!r}")
 
 
+new_record = builder(EffectRecord)  # EffectRecord(...) at a third of the cost: ``state`` an EffectState
+_new_reservation = builder(Reservation)
+
+
 def fresh_reservation(
     effect_key: str, action_id: str, until: datetime, now: datetime, state: EffectState,
     action_hash: str | None = None,
@@ -158,8 +163,8 @@ def fresh_reservation(
     """The record a key without one gets (attempt 1, leased ``until``), and its reservation;
     the arguments are checked by the caller (``check_reservation_args``)."""
     return (
-        EffectRecord(effect_key, state, action_id, 1, now, now, until, None, None, None, action_hash),
-        Reservation(effect_key, action_id, 1, until),
+        new_record(effect_key, state, action_id, 1, now, now, until, None, None, None, action_hash),
+        _new_reservation(effect_key, action_id, 1, until),
     )
 
 
@@ -277,7 +282,7 @@ def check_commit(
     # replace(held, state=COMMITTED, updated_at=now, lease_expires_at=None, result=...) spelled
     # out: it runs on every allowed call
     stored, exact = stored_result(result)
-    return EffectRecord(
+    return new_record(
         held.effect_key, EffectState.COMMITTED, held.action_id, held.attempt, held.created_at,
         now, None, stored, held.error, held.resolved_by, held.action_hash, exact,
     )  # fmt: skip

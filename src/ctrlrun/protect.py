@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, cast
 from . import _ambient
 from ._default import cached_control, default_control
 from ._steps import GIVE_WAY, Steps, drive, drive_async
+from ._settings import _Options
 from ._steps import call as blocking
-from .action import Action
+from .action import Action, new_action
 from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
 from .policy.templates import (
     plain_effect_key,
@@ -114,6 +115,7 @@ class _Protected:
         # keyword-only and positional-or-keyword parameters only: bound by hand (see bind)
         self._by_hand = not self.positional_only
         self._templates: tuple[Control, tuple[str | None, str | None]] | None = None
+        self._settings: tuple[Control, _Options] | None = None  # checked once per Control
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
 
@@ -187,7 +189,7 @@ class _Protected:
         resource = None
         if resource_template is not None:
             resource = render_resource(resource_template, arguments)
-        action = Action(self.name, arguments, principal, resource, environment=control._environment)
+        action = new_action(self.name, arguments, principal, resource, control._environment)
         effect_key, effect_error = None, None
         if effect is not None:
             # the checked arguments render as their canonical form would, when plain
@@ -207,10 +209,14 @@ class _Protected:
     def executor(self, action: Action) -> Callable[[], Any]:
         """Call the function with fresh canonical copies of the arguments, never the caller's."""
 
+        func, positional_only = self.func, self.positional_only
+
         def run() -> Any:
             arguments = action.canonical_arguments
-            positional = [arguments.pop(name) for name in self.positional_only]
-            return self.func(*positional, **arguments)
+            if not positional_only:
+                return func(**arguments)
+            positional = [arguments.pop(name) for name in positional_only]
+            return func(*positional, **arguments)
 
         return run
 
@@ -276,11 +282,20 @@ class _Protected:
         call = self.prepare(control, args, kwargs)
         evaluation = None
         if call.effect_error is None and self.scope is None:
-            value, evaluation = call.control.straight(
-                call.action, self.executor(call.action), call.effect_key, lease=self.lease,
-                reconcile=self.reconcile, reconcile_eagerly=self.reconcile_eagerly,
-                task=call.task, hop=call.hop,
-            )  # fmt: skip
+            settings = self._settings
+            if settings is None or settings[0] is not control:
+                # what Control.straight checks of this function's settings, once per Control
+                checked = control._options(call.action, None, lease=self.lease,
+                                           reconcile=self.reconcile,
+                                           reconcile_eagerly=self.reconcile_eagerly)  # fmt: skip
+                settings = self._settings = (control, checked)
+            key, base = call.effect_key, settings[1]
+            if key is not None and (key == "" or key.startswith("policy:")):
+                control._options(call.action, key)  # refused: the error names the key
+            options = _Options(key, base.lease, base.reconcile, base.reconcile_eagerly, call.task,
+                               call.hop, base.preconditions)  # fmt: skip
+            value, evaluation = control._straight.run(call.action, self.executor(call.action),
+                                                      key, options)  # fmt: skip
             if value is not GIVE_WAY:
                 return value
         return drive(self.steps(call, evaluation))

@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any
 
 from .._time import format_precise, parse_ts
-from ..action import action_from_dict, action_to_dict, encoder_of
+from ..action import _flat_text, action_from_dict, action_to_dict, encoder_of
 from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
-from ..effect import EffectRecord, EffectState
+from ..effect import EffectRecord, EffectState, new_record
 from ..errors import InvalidArgument
 from ..drafts import EventRow, ReceiptDraft
 from ..receipt import Event, Receipt, UnreadableReceipt, _compact
@@ -46,6 +46,10 @@ _ASCII_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_n
 
 def dumps(value: Any, what: str) -> str:
     """Compact JSON text for a column; escapes non-ASCII only when UTF-8 cannot carry it."""
+    if type(value) is dict:
+        text = _flat_text(value, sort=False)  # the commonest result: a flat ASCII object
+        if text is not None:
+            return text
     try:
         text = _utf8_text(value)
     except (TypeError, ValueError) as exc:
@@ -130,7 +134,7 @@ def effect_to_row(record: EffectRecord) -> dict[str, Any]:
 
 def effect_from_row(row: Mapping[str, Any]) -> EffectRecord:
     result = row["result_json"]
-    return EffectRecord(
+    return new_record(
         effect_key=row["effect_key"],
         state=EffectState(row["state"]),
         action_id=row["action_id"],

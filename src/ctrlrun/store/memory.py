@@ -19,6 +19,7 @@ from ..effect import (
     check_commit,
     check_reservation_args,
     fresh_reservation,
+    new_record,
 )
 from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..errors import InvalidArgument
@@ -459,7 +460,7 @@ class InMemoryStateStore(StoreOps):
                 ):  # fmt: skip
                     self.transactions += 1  # a write begins (under the store's lock)
                     now = self._now()
-                    known = EffectRecord(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
+                    known = new_record(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
                     finished = codec.finished_values(check_commit(known, effect_key, action_id, result, now))
                     seq, previous = data.head
                     receipt.place(seq + 1, previous)

@@ -19,6 +19,7 @@ from ..effect import (
     EffectState,
     Reservation,
     fresh_reservation,
+    new_record,
     plan_reservation,
 )
 from ..errors import (
@@ -119,7 +120,7 @@ def _finishing(
     row matches is the record read: the refusal (or the move from whatever state it is really
     in) is then decided on the stored record, as ``_transition`` does.
     """
-    known = EffectRecord(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
+    known = new_record(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
     try:
         updated: EffectRecord = decide(known)
     except Exception:  # refused, or unwritable: decided again on the stored record
