@@ -60,7 +60,7 @@ def test_straight_receipt_is_the_receipt_class_byte_for_byte(order, amount, note
 
 
 def test_a_call_sites_kept_formats_write_each_calls_own_receipt():
-    """The formats kept for one call site (its action, principal, resource and task written)
+    """The formats kept for one protected function (its name written, and its null resource)
     serve its next calls: each receipt is still the Receipt class's, ``%`` in any text kept."""
     store = InMemoryStateStore()
     policy = Policy.from_yaml(POLICY.replace('    resource: "order/{order}"\n', ""))

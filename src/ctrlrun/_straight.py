@@ -56,24 +56,20 @@ class _Decided:
             "precondition_at_recheck": None, "approvers": [], "authority_grant_id": None,
             "scope_hash": None, "budget_charges": [], "edited_from": None, "edit_diff": None,
         })  # fmt: skip
-        #: the formats with one call site's keys written too, by (action, principal, resource,
-        #: task, hop): what repeats from call to call of one protected function
-        self.sites: dict[tuple[Any, ...], tuple[str, str]] = {}
+        #: the formats with the action's name written too, and each of resource, task and hop
+        #: that is null, by (name, which are null): what one protected function's calls share
+        self.sites: dict[tuple[str, bool, bool, bool], tuple[str, str]] = {}
 
-    def site_formats(
-        self, name: str, principal: tuple[str, str], resource: str | None, task: str | None,
-        hop: str | None,
-    ) -> tuple[str, str]:  # fmt: skip
-        key = (name, principal, resource, task, hop)
-        formats = self.sites.get(key)
+    def site_formats(self, site: tuple[str, bool, bool, bool]) -> tuple[str, str]:
+        formats = self.sites.get(site)
         if formats is None:
+            name, no_resource, no_task, no_hop = site
+            texts = {"action": _json_str(name)}
+            texts.update((k, "null") for k, null in
+                         (("resource", no_resource), ("task", no_task), ("hop", no_hop)) if null)  # fmt: skip
             if len(self.sites) >= 1024:
                 self.sites.clear()
-            formats = self.sites[key] = fill_formats(self.formats, {
-                "action": _json_str(name), "principal": principal[0],
-                "principal_sorted": principal[1], "resource": _json_opt(resource),
-                "task": _json_opt(task), "hop": _json_opt(hop),
-            })  # fmt: skip
+            formats = self.sites[site] = fill_formats(self.formats, texts)
         return formats
 
 
@@ -170,13 +166,21 @@ class Straight:
                     self._principals.clear()
                 self._principals[(principal.agent, principal.user)] = texts
         receipt_id = new_id("ctr")
+        resource = action.resource
         values = {
             "receipt_id": '"' + receipt_id + '"', "action_id": _json_str(action_id),
-            "action_hash": '"' + action_hash + '"', "arguments": action._arguments_json,
+            "action_hash": '"' + action_hash + '"', "principal": texts[0],
+            "principal_sorted": texts[1], "arguments": action._arguments_json,
             "effect_key": _json_opt(effect_key), "attempt": str(number),
             "started_at": '"' + started_at + '"', "finished_at": '"' + finished_at + '"',
         }  # fmt: skip
-        formats = decided.site_formats(action.name, texts, action.resource, task, hop)
+        if resource is not None:
+            values["resource"] = _json_str(resource)
+        if task is not None:
+            values["task"] = _json_str(task)
+        if hop is not None:
+            values["hop"] = _json_str(hop)
+        formats = decided.site_formats((action.name, resource is None, task is None, hop is None))
         draft = ReceiptDraft(
             values, formats, receipt_id=receipt_id, action_id=action_id,
             effect_key=effect_key, result="committed", finished_at=finished_at,

@@ -27,6 +27,11 @@ def format_ts(moment: datetime) -> str:
 
 def format_precise(moment: datetime) -> str:
     """UTC ISO-8601 at full (microsecond) precision, for exact storage round trips."""
+    global _last_precise
+    last = _last_precise
+    if moment is last[0]:  # one write stamps several columns with the same moment
+        return last[1]
+    given = moment
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
     # isoformat(timespec="microseconds"), with the minute's text kept as format_ts keeps it
@@ -34,7 +39,12 @@ def format_precise(moment: datetime) -> str:
     if prefix is None:
         prefix = _minute_text(moment)
     micro = moment.microsecond
-    return prefix + _TWO[moment.second] + "." + _THREE[micro // 1000] + _THREE[micro % 1000] + "+00:00"
+    text = prefix + _TWO[moment.second] + "." + _THREE[micro // 1000] + _THREE[micro % 1000] + "+00:00"
+    _last_precise = (given, text)  # one reference swapped: a thread sees one pair or another
+    return text
+
+
+_last_precise: tuple[object, str] = (None, "")  # the last moment formatted, and its text
 
 
 _TWO = tuple("%02d" % n for n in range(60))  # a second's digits (a leap second never reaches here)
