@@ -22,7 +22,7 @@ from .effect import EffectState
 from ._outcomes import lost_start, outcome_unrecorded
 from .errors import AmbiguousEffect, AmbiguousWrite, CTRLRunError, DuplicateEffect, InvalidArgument
 from .policy import Decision, Evaluation
-from .drafts import ReceiptDraft, fill_formats, receipt_formats
+from .drafts import ReceiptDraft, receipt_formats
 from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA
 from .store.codec import dumps
 
@@ -37,17 +37,17 @@ _NO_PLACE = '{"task":null,"hop":null}'
 
 
 class _Decided:
-    """What one policy outcome contributes to every allowed call: its event data and the
-    receipt's formats with the constant keys written."""
+    """What one policy outcome contributes to every allowed call: its event data, the receipt's
+    constant keys, and the receipt's formats with those written, per protected function."""
 
-    __slots__ = ("evaluated", "formats", "sites")
+    __slots__ = ("evaluated", "constants", "sites")
 
     def __init__(self, control: Control, evaluation: Evaluation) -> None:
         decision = str(evaluation.decision)
         self.evaluated = dumps(
             {"decision": decision, "reason": evaluation.reason}, "POLICY_EVALUATED event data"
         )
-        self.formats = receipt_formats({
+        self.constants: dict[str, Any] = {
             "schema": RECEIPT_SCHEMA, "environment": control.environment, "decision": decision,
             "decision_reason": evaluation.reason, "approval_id": None, "approver": None,
             "result": "committed", "execution": None, "would_have": None, "error": None,
@@ -55,7 +55,7 @@ class _Decided:
             "controls": list(evaluation.controls), "precondition_at_request": None,
             "precondition_at_recheck": None, "approvers": [], "authority_grant_id": None,
             "scope_hash": None, "budget_charges": [], "edited_from": None, "edit_diff": None,
-        })  # fmt: skip
+        }  # fmt: skip
         #: the formats with the action's name written too, and each of resource, task and hop
         #: that is null, by (name, which are null): what one protected function's calls share
         self.sites: dict[tuple[str, bool, bool, bool], tuple[str, str]] = {}
@@ -64,12 +64,12 @@ class _Decided:
         formats = self.sites.get(site)
         if formats is None:
             name, no_resource, no_task, no_hop = site
-            texts = {"action": _json_str(name)}
-            texts.update((k, "null") for k, null in
-                         (("resource", no_resource), ("task", no_task), ("hop", no_hop)) if null)  # fmt: skip
+            constants = {**self.constants, "action": name}
+            constants.update((k, None) for k, null in
+                             (("resource", no_resource), ("task", no_task), ("hop", no_hop)) if null)  # fmt: skip
             if len(self.sites) >= 1024:
                 self.sites.clear()
-            formats = self.sites[site] = fill_formats(self.formats, texts)
+            formats = self.sites[site] = receipt_formats(constants)
         return formats
 
 

@@ -4,7 +4,6 @@ once from pre-encoded parts (its line and hash are byte for byte what ``Receipt`
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ from .action import _CANONICAL_JSON, sha256_hex
 from .action import _json_str as _json_text
 from .receipt import _COMPACT_JSON, _DOCUMENT_KEYS, Event, EventType, Receipt
 
-__all__ = ["EventRow", "ReceiptDraft", "event_from_row", "fill_formats", "receipt_formats"]
+__all__ = ["EventRow", "ReceiptDraft", "event_from_row", "receipt_formats"]
 
 
 EventRow = tuple[str, str, "str | None", "str | None", "str | None", str]
@@ -116,19 +115,4 @@ def receipt_formats(constants: Mapping[str, Any]) -> tuple[str, str]:
     )
 
 
-def fill_formats(formats: tuple[str, str], texts: Mapping[str, str]) -> tuple[str, str]:
-    """``formats`` with the slots named in ``texts`` (key: its JSON text; ``principal_sorted``
-    for the canonical form's principal) written, every other slot left for ``%``."""
-
-    def put(slot: re.Match[str]) -> str:
-        text = texts.get(slot.group(1))
-        return slot.group(0) if text is None else text.replace("%", "%%")
-
-    def fill(form: str) -> str:
-        return "%%".join(_SLOT.sub(put, part) for part in form.split("%%"))
-
-    return fill(formats[0]), fill(formats[1])
-
-
-_SLOT = re.compile(r"%\((\w+)\)s")  # a slot, in a format split at its written ``%%``
 _OBJECT_KEYS = frozenset(("principal",))  # the slots whose canonical text has its keys sorted
