@@ -153,7 +153,7 @@ def check_reservation_args(effect_key: Any, action_id: Any, lease: Any) -> None:
 
 
 new_record = builder(EffectRecord)  # EffectRecord(...) at a third of the cost: ``state`` an EffectState
-_new_reservation = builder(Reservation)
+new_reservation = builder(Reservation)  # Reservation(...) likewise
 
 
 def fresh_reservation(
@@ -164,7 +164,7 @@ def fresh_reservation(
     the arguments are checked by the caller (``check_reservation_args``)."""
     return (
         new_record(effect_key, state, action_id, 1, now, now, until, None, None, None, action_hash),
-        _new_reservation(effect_key, action_id, 1, until),
+        new_reservation(effect_key, action_id, 1, until),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from .._time import format_precise, parse_ts
 from ..action import _flat_text, action_from_dict, action_to_dict, encoder_of
 from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
-from ..effect import EffectRecord, EffectState, new_record
+from ..effect import EffectRecord, EffectState, new_record, stored_result
 from ..errors import InvalidArgument
 from ..drafts import EventRow, ReceiptDraft
 from ..receipt import Event, Receipt, UnreadableReceipt, _compact
@@ -120,6 +120,25 @@ def finished_values(record: EffectRecord) -> tuple[Any, ...]:
         format_precise(record.updated_at),
         1 if record.result_exact else 0,
     )
+
+
+def result_columns(result: Any) -> tuple[str | None, int]:
+    """A returned value's ``result_json`` and ``result_exact`` columns: what ``stored_result``
+    and ``dumps`` give it, written straight for the commonest result (a flat ASCII object)."""
+    if type(result) is dict:
+        text = _flat_text(result, sort=False)
+        if text is not None:
+            return text, 1  # str keys and str/int/bool/None values: stored exactly as returned
+    stored, exact = stored_result(result)
+    return (None if stored is None else dumps(stored, "result")), (1 if exact else 0)
+
+
+def fresh_effect_values(
+    effect_key: str, state: EffectState, action_id: str, until: str, at: str, action_hash: str | None
+) -> tuple[Any, ...]:
+    """``effect_values`` of the record a key without one gets (attempt 1, leased ``until``),
+    its ids already checked and its moments formatted."""
+    return (effect_key, state._value_, action_id, 1, until, None, None, at, at, None, action_hash, 0)
 
 
 EFFECT_FIELDS = ("effect_key", "state", "action_id", "attempt", "lease_expires_at",

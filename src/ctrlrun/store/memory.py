@@ -11,15 +11,14 @@ from typing import Any, TypeVar
 from .._ledger import Charge, Consumption, DelegationRecord
 from .._time import utc_now
 from ..approvals import Approval, ApprovalRecord, ApprovalStatus
+from .._time import format_precise
 from ..effect import (
     DEFAULT_LEASE,
     EffectRecord,
     EffectState,
     Reservation,
-    check_commit,
     check_reservation_args,
-    fresh_reservation,
-    new_record,
+    new_reservation,
 )
 from ..drafts import EventRow, ReceiptDraft, event_from_row
 from ..errors import InvalidArgument
@@ -35,6 +34,7 @@ __all__ = ["InMemoryStateStore"]
 
 T = TypeVar("T")
 Row = dict[str, Any]
+_ZERO = timedelta(0)
 
 
 @dataclass
@@ -409,21 +409,26 @@ class InMemoryStateStore(StoreOps):
         charges: Sequence[Charge] = (),
     ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
         data = self._data
-        if approval_id is None and effect_key is not None and events is not None and not charges:
+        if approval_id is None and type(effect_key) is str and events is not None and not charges:
             _check_id(action_id, "action_id")
             _check_id(effect_key, "effect_key")
-            check_reservation_args(effect_key, action_id, lease)
+            if action_hash is not None:
+                _check_id(action_hash, "action_hash")
+            if type(lease) is not timedelta or lease <= _ZERO:
+                check_reservation_args(effect_key, action_id, lease)  # refuses what is not positive
             with self._lock:
                 if effect_key not in data.effects:
                     self.transactions += 1  # a write begins (under the store's lock)
                     now = self._now()
-                    record, reservation = fresh_reservation(
-                        effect_key, action_id, now + lease, now, EffectState.EXECUTING, action_hash
-                    )
+                    until = now + lease
+                    reservation = new_reservation(effect_key, action_id, 1, until)
                     rows = event_rows(events(None, reservation), action_id, effect_key)
-                    row = dict(zip(codec.EFFECT_FIELDS, codec.effect_values(record)))
+                    values = codec.fresh_effect_values(
+                        effect_key, EffectState.EXECUTING, action_id, format_precise(until),
+                        format_precise(now), action_hash,
+                    )  # fmt: skip
                     # nothing below can fail: the write is whole or absent
-                    data.effects[effect_key] = row
+                    data.effects[effect_key] = dict(zip(codec.EFFECT_FIELDS, values))
                     ids = self._append(rows)
                     stored = tuple(map(event_from_row, rows, ids)) if return_events else ()
                     return None, reservation, stored
@@ -446,10 +451,10 @@ class InMemoryStateStore(StoreOps):
         return_events: bool = True,
     ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
         data = self._data
-        if outcome is EffectState.COMMITTED and effect_key is not None and type(receipt) is ReceiptDraft:
-            _check_id(action_id, "action_id")
-            _check_id(effect_key, "effect_key")
+        if outcome is EffectState.COMMITTED and type(effect_key) is str and type(receipt) is ReceiptDraft:
+            # the key's row names this action: both ids were checked when the key was reserved
             rows = event_rows(events, action_id, effect_key)
+            result_json, exact = codec.result_columns(result)
             with self._lock:
                 row = data.effects.get(effect_key)
                 if (
@@ -457,21 +462,23 @@ class InMemoryStateStore(StoreOps):
                     and row["state"] == "executing" and row["result_json"] is None
                     and row["error"] is None and data.head is not None
                     and receipt.receipt_id not in data.receipts
+                    and receipt.action_id == action_id and receipt.effect_key == effect_key
                 ):  # fmt: skip
                     self.transactions += 1  # a write begins (under the store's lock)
-                    now = self._now()
-                    known = new_record(effect_key, EffectState.EXECUTING, action_id, 1, now, now, now)
-                    finished = codec.finished_values(check_commit(known, effect_key, action_id, result, now))
+                    at = format_precise(self._now())
                     seq, previous = data.head
-                    receipt.place(seq + 1, previous)
-                    placed = codec.draft_row(receipt)
+                    line, digest = receipt.place(seq + 1, previous)
                     # nothing below can fail: the write is whole or absent
                     row = row.copy()
-                    row.update(zip(codec.FINISHED_FIELDS, finished))
+                    row.update(state="committed", lease_expires_at=None, result_json=result_json,
+                               updated_at=at, result_exact=exact)  # fmt: skip
                     data.effects[effect_key] = row
                     ids = self._append(rows)
-                    data.receipts[receipt.receipt_id] = dict(zip(codec.RECEIPT_ROW, placed))
-                    data.head = (seq + 1, placed[8])
+                    data.receipts[receipt.receipt_id] = dict(zip(codec.RECEIPT_ROW, (
+                        receipt.receipt_id, action_id, effect_key, receipt.result, line,
+                        receipt.finished_at, seq + 1, previous, digest, receipt.approval_id,
+                    )))  # fmt: skip
+                    data.head = (seq + 1, digest)
                     stored = tuple(map(event_from_row, rows, ids)) if return_events else ()
                     return stored, receipt
         return super().finish_attempt(
