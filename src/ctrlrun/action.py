@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any
 
 from ._frozen import builder
 from .errors import InvalidArgument
@@ -414,6 +414,8 @@ class Action:
     _hash: str = field(default="", repr=False, compare=False)
     _parsed: Any = field(default=None, init=False, repr=False, compare=False)
     _arguments_json: str = field(default="", init=False, repr=False, compare=False)
+    #: every argument an ASCII ``str`` key with an ASCII ``str``, ``int``, ``bool`` or ``None``
+    _flat: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _require_text(self.name, "action name")
@@ -434,6 +436,7 @@ class Action:
             # str keys and str/int/bool/None values, all text ASCII: nothing to refuse, nothing
             # nested to freeze, and the dict is its own plain form
             object.__setattr__(self, "arguments", MappingProxyType(dict(given)))
+            object.__setattr__(self, "_flat", True)
             arguments = flat
         else:
             check_value(given, "arguments")
@@ -469,21 +472,29 @@ class Action:
     @property
     def canonical_arguments(self) -> dict[str, Any]:
         """A fresh plain dict parsed back from the canonical form (what the function receives)."""
-        return cast(dict[str, Any], _plain_copy(self._arguments_view()))
+        if self._flat:  # what parsing the canonical form gives: the values, keys sorted
+            arguments = self.arguments
+            return {key: arguments[key] for key in sorted(arguments)}
+        copy: dict[str, Any] = _plain_copy(self._arguments_view())
+        return copy
 
     def _arguments_view(self) -> dict[str, Any]:
         """The canonical arguments parsed once and shared: read them, never change them."""
         parsed = self._parsed
         if parsed is None:
             arguments = self.arguments
-            for value in arguments.values():
-                if type(value) not in _FLAT:
-                    parsed = json.loads(self._canonical)["arguments"]
-                    break
-            else:  # flat: parsing the canonical form gives the same values, keys sorted
+            if self._flat:  # parsing the canonical form gives the same values, keys sorted
                 parsed = {key: arguments[key] for key in sorted(arguments)}
+            else:
+                for value in arguments.values():
+                    if type(value) not in _FLAT:
+                        parsed = json.loads(self._canonical)["arguments"]
+                        break
+                else:
+                    parsed = {key: arguments[key] for key in sorted(arguments)}
             object.__setattr__(self, "_parsed", parsed)
-        return cast(dict[str, Any], parsed)
+        view: dict[str, Any] = parsed
+        return view
 
     def replace(self, **changes: Any) -> Action:
         """A new proposal with some fields changed (a new ``action_id`` unless given)."""

@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
 from . import _ambient
 from ._default import cached_control, default_control
@@ -370,7 +370,7 @@ def protect(
 
         @functools.wraps(func)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return cast(R, protected.call(args, kwargs))
+            return protected.call(args, kwargs)  # type: ignore[no-any-return]
 
         wrapper.__ctrlrun__ = protected  # type: ignore[attr-defined]
         return wrapper

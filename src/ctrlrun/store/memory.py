@@ -5,13 +5,12 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .._ledger import Charge, Consumption, DelegationRecord
-from .._time import utc_now
+from .._time import format_precise, require_aware, utc_now
 from ..approvals import Approval, ApprovalRecord, ApprovalStatus
-from .._time import format_precise
 from ..effect import (
     DEFAULT_LEASE,
     EffectRecord,
@@ -419,7 +418,9 @@ class InMemoryStateStore(StoreOps):
             with self._lock:
                 if effect_key not in data.effects:
                     self.transactions += 1  # a write begins (under the store's lock)
-                    now = self._now()
+                    now = self.clock()
+                    if type(now) is not datetime or now.tzinfo is not timezone.utc:
+                        now = require_aware(now, "the store clock's time")
                     until = now + lease
                     reservation = new_reservation(effect_key, action_id, 1, until)
                     rows = event_rows(events(None, reservation), action_id, effect_key)
@@ -465,7 +466,10 @@ class InMemoryStateStore(StoreOps):
                     and receipt.action_id == action_id and receipt.effect_key == effect_key
                 ):  # fmt: skip
                     self.transactions += 1  # a write begins (under the store's lock)
-                    at = format_precise(self._now())
+                    now = self.clock()
+                    if type(now) is not datetime or now.tzinfo is not timezone.utc:
+                        now = require_aware(now, "the store clock's time")
+                    at = format_precise(now)
                     seq, previous = data.head
                     line, digest = receipt.place(seq + 1, previous)
                     # nothing below can fail: the write is whole or absent
@@ -491,5 +495,7 @@ class InMemoryStateStore(StoreOps):
         first = data.next_event_id
         data.next_event_id = first + len(rows)
         ids = range(first, data.next_event_id)
-        data.events.extend([(i, *row) for i, row in zip(ids, rows)])
+        append = data.events.append
+        for event_id, row in zip(ids, rows):
+            append((event_id, *row))
         return ids
