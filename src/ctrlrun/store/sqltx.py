@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from itertools import chain
 from typing import Any
 
 from ..approvals import ApprovalRecord, ApprovalStatus
@@ -290,7 +291,7 @@ def _event_binds(rows: Sequence[EventRow]) -> dict[str, Any]:
 
 
 def _flat(rows: Sequence[EventRow]) -> tuple[Any, ...]:
-    return tuple([value for row in rows for value in row])
+    return tuple(chain.from_iterable(rows))
 
 
 def _match_ids(rows: Sequence[EventRow], returned: Sequence[Any]) -> list[int]:
