@@ -217,3 +217,27 @@ def test_a_flat_result_is_stored_as_the_compact_encoder_writes_it(result):
 
     assert dumps(result, "result") == _UTF8_JSON.encode(result)
     assert json.loads(dumps(result, "result")) == result
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(nested, st.floats(allow_nan=True), st.tuples(leaf, leaf),
+                 st.dictionaries(ascii_text, st.one_of(leaf, st.floats()), max_size=4)))  # fmt: skip
+def test_a_results_columns_are_what_its_stored_form_encodes_to(result):
+    """The columns written straight from a returned value are those of its stored form: the
+    JSON text of ``stored_result`` and whether it is exact, for flat objects and all the rest."""
+    from ctrlrun.effect import stored_result
+    from ctrlrun.store.codec import dumps, result_columns
+
+    stored, exact = stored_result(result)
+    assert result_columns(result) == (None if stored is None else dumps(stored, "result"), int(exact))
+
+
+def test_the_default_clock_reads_aware_utc_now():
+    from datetime import datetime, timezone
+
+    from ctrlrun._time import utc_now
+
+    before = datetime.now(timezone.utc)
+    moment = utc_now()
+    assert type(moment) is datetime and moment.tzinfo is timezone.utc
+    assert before <= moment <= datetime.now(timezone.utc)
