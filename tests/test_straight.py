@@ -149,6 +149,20 @@ def test_flat_arguments_take_a_shortcut_to_the_same_canonical_form(arguments):
     assert short.canonical_arguments == general.canonical_arguments
 
 
+def _draft() -> Any:
+    """A receipt draft with every key of the document written (constants and values alike)."""
+    from ctrlrun.drafts import ReceiptDraft, receipt_formats
+    from ctrlrun.receipt import _DOCUMENT_KEYS
+
+    constants = {key: None for key in _DOCUMENT_KEYS if key not in ("receipt_id", "principal", "seq", "prev_hash")}
+    constants.update(schema="ctrlrun.receipt/v8", result="committed", controls=[], approvers=[],
+                     budget_charges=[])  # fmt: skip
+    values = {"receipt_id": '"ctr_1"', "principal": '{"agent":"a"}',
+              "principal_sorted": '{"agent":"a"}'}  # fmt: skip
+    return ReceiptDraft(values, receipt_formats(constants), receipt_id="ctr_1", action_id="act_1",
+                        effect_key="k", result="committed", finished_at="t1")  # fmt: skip
+
+
 def _same_moment_clock() -> Any:
     from datetime import datetime, timezone
 
@@ -159,7 +173,6 @@ def _same_moment_clock() -> Any:
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(result=nested, taken=st.booleans(), moved=st.booleans(), sink=st.booleans())
 def test_the_memory_stores_two_shortcuts_write_what_its_general_path_writes(result, taken, moved, sink):
-    from ctrlrun.drafts import ReceiptDraft, receipt_formats
     from ctrlrun.effect import EffectState
     from ctrlrun.store.ops import StoreOps
 
@@ -181,13 +194,7 @@ def test_the_memory_stores_two_shortcuts_write_what_its_general_path_writes(resu
                                         outcome=EffectState.FAILED, error="gone")  # fmt: skip
             except Exception as exc:  # act_1 holds nothing when the key was taken
                 outcomes.append(repr(exc))
-        draft = ReceiptDraft(
-            {key: "null" for key in ("receipt_id", "action_id", "action", "action_hash",
-             "principal", "principal_sorted", "resource", "arguments", "effect_key", "attempt",
-             "started_at", "finished_at", "task", "hop")} | {"receipt_id": '"ctr_1"'},
-            receipt_formats({}), receipt_id="ctr_1", action_id="act_1", effect_key="k",
-            result="committed", finished_at="t1",
-        )  # fmt: skip
+        draft = _draft()
         try:
             events, placed = finish(
                 store, effect_key="k", action_id="act_1", outcome=EffectState.COMMITTED,
@@ -241,3 +248,66 @@ def test_the_default_clock_reads_aware_utc_now():
     moment = utc_now()
     assert type(moment) is datetime and moment.tzinfo is timezone.utc
     assert before <= moment <= datetime.now(timezone.utc)
+
+
+def _sqlite_tables(path: Any) -> dict[str, list[Any]]:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        return {table: conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+                for table in ("effects", "events", "receipts", "receipt_chain")}  # fmt: skip
+    finally:
+        conn.close()
+
+
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(result=nested, taken=st.booleans(), moved=st.booleans(), sink=st.booleans())
+def test_the_sqlite_stores_two_shortcuts_write_what_its_general_path_writes(result, taken, moved, sink):
+    """The SQLite store's straight start and finish leave the same rows, answers and refusals as
+    the general path, also when the key is taken or the record moved before the finish."""
+    import tempfile
+    from pathlib import Path
+
+    from ctrlrun import SQLiteStateStore
+    from ctrlrun.effect import EffectState
+    from ctrlrun.store.ops import StoreOps
+
+    def run(start: Any, finish: Any) -> Any:
+        path = Path(tempfile.mkdtemp()) / "state.db"
+        store = SQLiteStateStore(path, durability="normal", clock=_same_moment_clock())
+
+        def rows(approval: Any, reservation: Any) -> list[Any]:
+            return [("t0", "EFFECT_RESERVED", "act_1", "k", None, '{"attempt":%d}' % reservation.attempt)]
+
+        outcomes: list[Any] = []
+        if taken:
+            StoreOps.start_attempt(store, action_id="act_0", effect_key="k", events=rows)
+        try:
+            outcomes.append(start(store, action_id="act_1", effect_key="k", events=rows,
+                                  return_events=sink))  # fmt: skip
+        except Exception as exc:
+            outcomes.append(repr(exc))
+        if moved:
+            try:
+                StoreOps.finish_attempt(store, effect_key="k", action_id="act_1",
+                                        outcome=EffectState.FAILED, error="gone")  # fmt: skip
+            except Exception as exc:
+                outcomes.append(repr(exc))
+        draft = _draft()
+        try:
+            events, placed = finish(
+                store, effect_key="k", action_id="act_1", outcome=EffectState.COMMITTED,
+                result=result, events=(("t1", "EXECUTION_COMMITTED", "act_1", "k", None, "{}"),),
+                receipt=draft, return_events=sink,
+            )  # fmt: skip
+            outcomes.append((events, placed.line, placed.hash))
+        except Exception as exc:
+            outcomes.append(repr(exc))
+        transactions = store.transactions
+        store.close()
+        return outcomes, _sqlite_tables(path), transactions
+
+    shortcut = run(SQLiteStateStore.start_attempt, SQLiteStateStore.finish_attempt)
+    general = run(StoreOps.start_attempt, StoreOps.finish_attempt)
+    assert shortcut == general
