@@ -23,7 +23,16 @@ from ..receipt import Event, Receipt
 from . import codec
 from .ops import EventsFn
 from .settle import finish_landed
-from .steps import _check_id, _place_receipt, _record, _reserve, _stored, _transition, event_rows
+from .steps import (
+    _check_id,
+    _place_receipt,
+    _record,
+    _reserve,
+    _stored,
+    _transition,
+    event_rows,
+    taken_receipt,
+)
 
 __all__ = ["StraightWrites"]
 
@@ -32,6 +41,10 @@ _ZERO = timedelta(0)
 
 class StraightWrites:
     """``start_attempt`` and ``finish_attempt`` for the allowed call, on a ``SQLStateStore``."""
+
+    #: the chain head as this store last wrote it: the next receipt is placed after it by one
+    #: compare-and-set, and read afresh when another writer has moved it since
+    _known_head: tuple[int, str] | None = None
 
     def start_attempt(
         self,
@@ -112,8 +125,8 @@ class StraightWrites:
             committed = ("committed", None, result_json, None, format_precise(now), exact,
                          effect_key, action_id, "executing")  # fmt: skip
             if tx._run(tx.sql.finish_effect.sql, committed).rowcount == 1:
-                ids, head = tx.insert_events_and_advance_head(rows)
-                return _stored(tx, rows, ids), _place_receipt(tx, draft, head)
+                ids = tx.insert_events(rows)
+                return _stored(tx, rows, ids), self._chain(tx, draft)
             # not as the start left it: decided on the stored record, as the general path does
             _transition(tx, effect_key, lambda r: check_commit(r, effect_key, action_id, result, now))
             return _record(tx, rows, draft)
@@ -125,3 +138,20 @@ class StraightWrites:
             )  # fmt: skip
 
         return store._write_outcome(finish, landed)  # type: ignore[no-any-return]
+
+    def _chain(self, tx: Any, draft: ReceiptDraft) -> ReceiptDraft:
+        """Place ``draft`` at the head of the chain and move the head past it."""
+        known = self._known_head
+        if known is not None:
+            seq, previous = known
+            digest = draft.place(seq + 1, previous)[1]
+            if tx._run(tx.sql.move_head.sql, (seq + 1, digest, seq, previous)).rowcount == 1:
+                if tx._run(tx.sql.insert_receipt.sql, codec.draft_row(draft)).rowcount != 1:
+                    raise taken_receipt(draft.receipt_id)  # rolled back: the head stays
+                self._known_head = (seq + 1, digest)  # a lost commit leaves it behind: a miss
+                return draft
+        head = tx.advance_head()  # the head as stored, moved (None: the row is gone)
+        _place_receipt(tx, draft, head)
+        assert head is not None and draft.hash is not None
+        self._known_head = (head[0], draft.hash)
+        return draft

@@ -139,6 +139,13 @@ class Statements:
             update(c).where(c.c.id == _ONE).values(hash=bindparam("hash"))
         )
         self.head = self.compile(select(c.c.seq, c.c.hash).where(c.c.id == _ONE))
+        # the head moved from a known (seq, hash): one statement where a move and a set are two
+        self.move_head = self.compile(
+            update(c).where(c.c.id == _ONE, c.c.seq == bindparam("w_seq"),
+                            c.c.hash == bindparam("w_hash"))
+            .values(seq=bindparam("seq"), hash=bindparam("hash"))
+        )  # fmt: skip
+        assert self.move_head.names == ("seq", "hash", "w_seq", "w_hash")
         self.place_receipt = self.place_receipt_strict = None
         if self.combines:
             self.place_receipt = self.compile(self._place_receipt(strict=False))

@@ -322,10 +322,13 @@ def _place_receipt(
     if not tx.place_receipt(row, last=True):  # every caller returns next
         # The id is taken. Raising rolls the whole transaction back on every store: the head
         # moved above stays where it was, and nothing else of this write is kept.
-        raise InvalidArgument(
-            f"receipt {receipt.receipt_id} is already stored; a receipt is written once"
-        )
+        raise taken_receipt(receipt.receipt_id)
     return placed
+
+
+def taken_receipt(receipt_id: str) -> InvalidArgument:
+    """The refusal of a receipt whose id is stored already (raise it: nothing is kept)."""
+    return InvalidArgument(f"receipt {receipt_id} is already stored; a receipt is written once")
 
 
 def _record(
