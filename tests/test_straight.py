@@ -311,3 +311,21 @@ def test_the_sqlite_stores_two_shortcuts_write_what_its_general_path_writes(resu
     shortcut = run(SQLiteStateStore.start_attempt, SQLiteStateStore.finish_attempt)
     general = run(StoreOps.start_attempt, StoreOps.finish_attempt)
     assert shortcut == general
+
+
+_form_text = st.lists(st.sampled_from(list('ab{}"\'\\%\n`') + ['"""', "{x}", "%(k)"]), max_size=8).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(_form_text, min_size=1, max_size=5),
+       values=st.lists(st.text(max_size=8), min_size=4, max_size=4))  # fmt: skip
+def test_a_compiled_writer_writes_what_the_percent_format_writes(texts, values):
+    """Whatever the constant texts hold (quotes, braces, backslashes, ``%``), the compiled
+    writer joins the same text as ``form % values``."""
+    from ctrlrun.drafts import writer
+
+    keys = ["seq", "prev_hash", "k_1", "action"]
+    form = "".join(text.replace("%", "%%") + (f"%({keys[i]})s" if i < len(texts) - 1 else "")
+                   for i, text in enumerate(texts))  # fmt: skip
+    mapping = dict(zip(keys, values))
+    assert writer(form, compiled=True)(mapping) == writer(form)(mapping) == form % mapping

@@ -22,7 +22,7 @@ from .effect import EffectState
 from ._outcomes import lost_start, outcome_unrecorded
 from .errors import AmbiguousEffect, AmbiguousWrite, CTRLRunError, DuplicateEffect, InvalidArgument
 from .policy import Decision, Evaluation
-from .drafts import ReceiptDraft, receipt_formats
+from .drafts import ReceiptDraft, Writer, receipt_formats
 from .receipt import _COMPACT_JSON, RECEIPT_SCHEMA
 from .store.codec import dumps
 
@@ -58,9 +58,9 @@ class _Decided:
         }  # fmt: skip
         #: the formats with the action's name written too, and each of resource, task and hop
         #: that is null, by (name, which are null): what one protected function's calls share
-        self.sites: dict[tuple[str, bool, bool, bool], tuple[str, str]] = {}
+        self.sites: dict[tuple[str, bool, bool, bool], tuple[Writer, Writer]] = {}
 
-    def site_formats(self, site: tuple[str, bool, bool, bool]) -> tuple[str, str]:
+    def site_formats(self, site: tuple[str, bool, bool, bool]) -> tuple[Writer, Writer]:
         formats = self.sites.get(site)
         if formats is None:
             name, no_resource, no_task, no_hop = site

@@ -4,18 +4,22 @@ once from pre-encoded parts (its line and hash are byte for byte what ``Receipt`
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from .action import _CANONICAL_JSON, sha256_hex
 from .action import _json_str as _json_text
 from .receipt import _COMPACT_JSON, _DOCUMENT_KEYS, Event, EventType, Receipt
 
-__all__ = ["EventRow", "ReceiptDraft", "event_from_row", "receipt_formats"]
+__all__ = ["EventRow", "ReceiptDraft", "Writer", "event_from_row", "receipt_formats", "writer"]
 
 
 EventRow = tuple[str, str, "str | None", "str | None", "str | None", str]
 """An event as the store keeps it: ``(ts, type, action_id, effect_key, approval_id, data_json)``."""
+
+Writer = Callable[[Mapping[str, str]], str]
+"""One form of a receipt draft's document: the values' JSON texts by key → the whole text."""
 
 
 def event_from_row(row: Sequence[Any], event_id: int | None) -> Event:
@@ -35,9 +39,9 @@ def event_from_row(row: Sequence[Any], event_id: int | None) -> Event:
 class ReceiptDraft:
     """A receipt written from pre-encoded parts, before the chain places it.
 
-    ``values`` holds each varying key's JSON text; ``line`` and ``canonical`` are ``%``-formats
-    of the whole document, keys in table order and sorted, the constant keys already written
-    (``receipt_formats``). The store sets ``seq`` and ``prev_hash`` (``place``); the stored line
+    ``values`` holds each varying key's JSON text; ``formats`` writes the whole document from
+    them, keys in table order and sorted, the constant keys already written (two ``Writer``:
+    ``receipt_formats``, or ``writer``). The store sets ``seq`` and ``prev_hash`` (``place``); the stored line
     and the hash are then exactly what a ``Receipt`` with the same values gives. A ``Receipt``
     object is made only when someone asks (a sink).
     """
@@ -46,7 +50,7 @@ class ReceiptDraft:
                  "finished_at", "approval_id", "line", "hash")  # fmt: skip
 
     def __init__(
-        self, values: dict[str, str], formats: tuple[str, str], *, receipt_id: str,
+        self, values: dict[str, str], formats: tuple[Writer, Writer], *, receipt_id: str,
         action_id: str, effect_key: str | None, result: str, finished_at: str,
         approval_id: str | None = None,
     ) -> None:  # fmt: skip
@@ -67,8 +71,8 @@ class ReceiptDraft:
         values["seq"] = str(int(seq))
         values["prev_hash"] = _json_text(prev_hash)
         line, canonical = self.formats
-        self.line = line % values
-        self.hash = sha256_hex((canonical % values).encode("utf-8"))
+        self.line = line(values)
+        self.hash = sha256_hex(canonical(values).encode("utf-8"))
         return self.line, self.hash
 
     def pieces(self) -> tuple[str, ...]:
@@ -78,7 +82,7 @@ class ReceiptDraft:
         the receipt itself, in one statement, joins them)."""
         values = self.values
         values["seq"], values["prev_hash"] = "\x00", "\x01"  # JSON text never holds these raw
-        line, canonical = (form % values for form in self.formats)
+        line, canonical = (form(values) for form in self.formats)
         l0, rest = line.split("\x00")
         l1, l2 = rest.split("\x01")
         c0, rest = canonical.split("\x01")
@@ -95,9 +99,9 @@ class ReceiptDraft:
 
 
 
-def receipt_formats(constants: Mapping[str, Any]) -> tuple[str, str]:
-    """The two ``%``-formats of a ``ReceiptDraft``: ``constants`` (key: value) written as JSON,
-    every other key of the current schema a ``%(key)s`` slot for its JSON text."""
+def receipt_formats(constants: Mapping[str, Any]) -> tuple[Writer, Writer]:
+    """The two forms of a ``ReceiptDraft``, compiled: ``constants`` (key: value) written as
+    JSON, every other key of the current schema a slot for its JSON text."""
 
     def body(keys: Iterable[str], encode: Any, suffix: str) -> str:
         parts = []
@@ -110,9 +114,42 @@ def receipt_formats(constants: Mapping[str, Any]) -> tuple[str, str]:
         return "{" + ",".join(parts) + "}"
 
     return (
-        body(_DOCUMENT_KEYS, _COMPACT_JSON.encode, ""),
-        body(sorted(_DOCUMENT_KEYS), _CANONICAL_JSON.encode, "_sorted"),
+        writer(body(_DOCUMENT_KEYS, _COMPACT_JSON.encode, ""), compiled=True),
+        writer(body(sorted(_DOCUMENT_KEYS), _CANONICAL_JSON.encode, "_sorted"), compiled=True),
     )
+
+
+_SLOT = re.compile(r"%\((\w+)\)s|%%")
+
+
+def writer(form: str, *, compiled: bool = False) -> Writer:
+    """The ``Writer`` of a ``%``-format whose slots are ``%(key)s``: ``form % values`` itself,
+    or (``compiled``, for forms kept and written many times) a function that joins the texts
+    in one f-string, about six times faster. Its source holds only names (the slots' keys are
+    identifiers, the constant texts are bound to it as values), never any text of the form."""
+    if not compiled:
+        return form.__mod__
+    texts, keys, start, current = [], [], 0, ""
+    for found in _SLOT.finditer(form):
+        current += form[start : found.start()]
+        start = found.end()
+        if found.group(1) is None:
+            current += "%"
+            continue
+        key = found.group(1)
+        if not key.isidentifier():  # pragma: no cover - the slots are the schema's own keys
+            raise ValueError(f"receipt slot {key!r} is not a name")
+        texts.append(current)
+        keys.append(key)
+        current = ""
+    texts.append(current + form[start:])
+    names = [f"t{i}" for i in range(len(texts))]
+    pieces = [f"{{{names[0]}}}"] + [f"{{v['{key}']}}{{{name}}}" for key, name in zip(keys, names[1:])]
+    source = f"def make({', '.join(names)}):\n    return lambda v: f\"\"\"{''.join(pieces)}\"\"\"\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "<ctrlrun receipt form>", "exec"), namespace)
+    made: Writer = namespace["make"](*texts)
+    return made
 
 
 _OBJECT_KEYS = frozenset(("principal",))  # the slots whose canonical text has its keys sorted

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..drafts import EventRow, ReceiptDraft
+from ..drafts import EventRow, ReceiptDraft, writer
 from ..errors import InvalidArgument
 from ..receipt import _COMPACT_JSON, Receipt, _canonical, _compact
 from ..action import _CANONICAL_JSON
@@ -52,7 +52,7 @@ def as_draft(receipt: Receipt) -> ReceiptDraft | None:
         return None
     action_id, effect_key, result, finished_at, approval_id = free
     draft = ReceiptDraft(
-        {}, (formats[0], formats[1]), receipt_id=str(receipt_id), action_id=str(action_id),
+        {}, (writer(formats[0]), writer(formats[1])), receipt_id=str(receipt_id), action_id=str(action_id),
         effect_key=effect_key, result=str(result), finished_at=str(finished_at),
         approval_id=approval_id,
     )  # fmt: skip
