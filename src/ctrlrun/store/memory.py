@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,10 +41,9 @@ _ZERO = timedelta(0)
 class _Data:
     effects: dict[str, Row] = field(default_factory=dict)
     approvals: dict[str, Row] = field(default_factory=dict)
-    events: list[tuple[Any, ...]] = field(default_factory=list)  # (event_id, *row)
+    events: list[EventRow] = field(default_factory=list)  # event ``id`` n at index n - 1
     receipts: dict[str, Row] = field(default_factory=dict)
     head: tuple[int, str] | None = (0, GENESIS_HASH)
-    next_event_id: int = 1
     delegations: dict[str, Row] = field(default_factory=dict)
     ledger: list[Row] = field(default_factory=list)  # row ``id`` n at index n - 1
     # the ledger's indexes: row ids by (grant, metric) and by effect key, and its unique key
@@ -60,10 +60,9 @@ class _MemoryTx(MemoryEvidenceRows, TxSteps):
         self._data = data
         self._effects: dict[str, Row] = {}
         self._approvals: dict[str, Row] = {}
-        self._events: list[tuple[Any, ...]] = []
+        self._events: list[EventRow] = []  # ids following the store's
         self._receipts: dict[str, Row] = {}
         self._head = data.head
-        self._next_event = data.next_event_id
         self._delegations: dict[str, Row] = {}
         self._ledger: dict[int, Row] = {}  # rows added or released, by id
         self._next_ledger = len(data.ledger) + 1
@@ -75,7 +74,6 @@ class _MemoryTx(MemoryEvidenceRows, TxSteps):
         data.events.extend(self._events)
         data.receipts.update(self._receipts)
         data.head = self._head
-        data.next_event_id = self._next_event
         data.delegations.update(self._delegations)
         for row_id in sorted(self._ledger):
             row = self._ledger[row_id]
@@ -167,14 +165,12 @@ class _MemoryTx(MemoryEvidenceRows, TxSteps):
 
     # events
     def insert_events(self, rows: Sequence[EventRow]) -> Sequence[int]:
-        first = self._next_event
-        self._next_event = first + len(rows)
-        ids = range(first, self._next_event)
-        self._events.extend([(i, *row) for i, row in zip(ids, rows)])
-        return ids
+        first = len(self._data.events) + len(self._events) + 1
+        self._events.extend(rows)
+        return range(first, first + len(rows))
 
     def list_events(self) -> list[Event]:
-        return [event_from_row(r[1:], r[0]) for r in [*self._data.events, *self._events]]
+        return list(map(event_from_row, [*self._data.events, *self._events], itertools.count(1)))
 
     # receipts
     def _has_receipt(self, receipt_id: str) -> bool:
@@ -241,9 +237,9 @@ class _MemoryTx(MemoryEvidenceRows, TxSteps):
         return [codec.receipt_from_row(r) for r in rows]
 
     def events_by(self, column: str, value: str) -> list[Event]:
-        index = ("action_id", "effect_key", "approval_id").index(column) + 3  # (id, ts, type, …)
-        rows = [r for r in [*self._data.events, *self._events] if r[index] == value]
-        return [event_from_row(r[1:], r[0]) for r in rows]
+        index = ("action_id", "effect_key", "approval_id").index(column) + 2  # (ts, type, …)
+        rows = enumerate([*self._data.events, *self._events], 1)
+        return [event_from_row(row, event_id) for event_id, row in rows if row[index] == value]
 
     def effects_page(
         self, state: EffectState | None, low: str | None, high: str | None,
@@ -491,11 +487,7 @@ class InMemoryStateStore(StoreOps):
         )  # fmt: skip
 
     def _append(self, rows: Sequence[EventRow]) -> range:
-        data = self._data
-        first = data.next_event_id
-        data.next_event_id = first + len(rows)
-        ids = range(first, data.next_event_id)
-        append = data.events.append
-        for event_id, row in zip(ids, rows):
-            append((event_id, *row))
-        return ids
+        events = self._data.events
+        first = len(events) + 1
+        events.extend(rows)
+        return range(first, first + len(rows))
