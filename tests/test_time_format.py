@@ -24,6 +24,8 @@ def test_each_moment_is_written_as_isoformat_writes_it(moments: list[datetime]) 
     for moment in moments:  # a minute kept from the moment before never leaks into the next
         assert format_ts(moment) == _iso(moment, "milliseconds").replace("+00:00", "Z")
         assert format_precise(moment) == _iso(moment, "microseconds")
+        # right after format_precise, format_ts reuses its text: the same milliseconds
+        assert format_ts(moment) == _iso(moment, "milliseconds").replace("+00:00", "Z")
         assert parse_ts(format_precise(moment)) == moment
 
 

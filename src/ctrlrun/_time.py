@@ -16,6 +16,9 @@ utc_now: Callable[[], datetime] = partial(datetime.now, timezone.utc)
 
 def format_ts(moment: datetime) -> str:
     """UTC ISO-8601 with milliseconds (truncated) and ``Z``: ``2026-11-30T09:56:59.597Z``."""
+    last = _last_precise
+    if moment is last[0]:  # a lease's expiry, written precisely by its store a moment ago
+        return last[1][:23] + "Z"
     if moment.tzinfo is not timezone.utc:
         moment = moment.astimezone(timezone.utc)
     # what isoformat(timespec="milliseconds") writes (truncated, never rounded), "Z" for

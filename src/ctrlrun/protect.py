@@ -161,6 +161,8 @@ class _Protected:
         """The call's arguments by name, in the signature's order, defaults applied: what
         ``signature.bind`` + ``apply_defaults`` give, without them when the call is plain."""
         names = self._names
+        if not args and self._by_hand and tuple(kwargs) == names:
+            return dict(kwargs)  # every parameter given by name, in the signature's order
         if self._by_hand and len(args) <= len(self._positional):
             given = dict(zip(self._positional, args)) if args else {}
             if not given.keys() & kwargs.keys():

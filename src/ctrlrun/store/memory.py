@@ -419,11 +419,11 @@ class InMemoryStateStore(StoreOps):
                         now = require_aware(now, "the store clock's time")
                     until = now + lease
                     reservation = new_reservation(effect_key, action_id, 1, until)
-                    rows = event_rows(events(None, reservation), action_id, effect_key)
+                    at = format_precise(now)  # the expiry formatted last: the start event's lease reuses it
                     values = codec.fresh_effect_values(
-                        effect_key, EffectState.EXECUTING, action_id, format_precise(until),
-                        format_precise(now), action_hash,
+                        effect_key, EffectState.EXECUTING, action_id, format_precise(until), at, action_hash
                     )  # fmt: skip
+                    rows = event_rows(events(None, reservation), action_id, effect_key)
                     # nothing below can fail: the write is whole or absent
                     data.effects[effect_key] = dict(zip(codec.EFFECT_FIELDS, values))
                     ids = self._append(rows)

@@ -77,11 +77,11 @@ class StraightWrites:
             tx.returning = return_events
             until = now + lease
             reservation = new_reservation(effect_key, action_id, 1, until)
-            rows = event_rows(events(None, reservation), action_id, effect_key)
+            at = format_precise(now)  # the expiry formatted last: the start event's lease reuses it
             values = codec.fresh_effect_values(
-                effect_key, EffectState.EXECUTING, action_id, format_precise(until),
-                format_precise(now), action_hash,
+                effect_key, EffectState.EXECUTING, action_id, format_precise(until), at, action_hash
             )  # fmt: skip
+            rows = event_rows(events(None, reservation), action_id, effect_key)
             if tx._run(tx.sql.insert_effect.sql, values).rowcount != 1:
                 # the key has a record: the reservation table decides on it, as the general
                 # path does after its insert
