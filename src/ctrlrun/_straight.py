@@ -104,7 +104,7 @@ class Straight:
         if action.name in self._ceilinged:
             return GIVE_WAY, None  # the pipeline counts attempts against the ceiling
         evaluation = control._policy.evaluate(action)  # the attributes, not their read-only views
-        if evaluation.decision is not Decision.ALLOW or _ambient.presented_approval() is not None:
+        if evaluation.decision is not Decision.ALLOW or _ambient._approval.get() is not None:
             return GIVE_WAY, evaluation
         decided = self._decided.get((evaluation.reason, evaluation.controls))
         if decided is None:
@@ -117,14 +117,13 @@ class Straight:
         place = _NO_PLACE if task is None and hop is None else dumps(
             {"task": task, "hop": hop}, "EXECUTION_STARTED event data"
         )  # fmt: skip
-        opening = [
-            (started_at, "ACTION_PROPOSED", action_id, effect_key, None,
-             '{"action_hash":"' + action_hash + '"}'),
-            (started_at, "POLICY_EVALUATED", action_id, effect_key, None, decided.evaluated),
-        ]  # fmt: skip
 
         def started(approval: Any, reservation: Any) -> list[Any]:
-            rows = list(opening)
+            rows = [
+                (started_at, "ACTION_PROPOSED", action_id, effect_key, None,
+                 '{"action_hash":"' + action_hash + '"}'),
+                (started_at, "POLICY_EVALUATED", action_id, effect_key, None, decided.evaluated),
+            ]  # fmt: skip
             if reservation is not None:
                 rows.append((started_at, "EFFECT_RESERVED", action_id, effect_key, None,
                              '{"attempt":%d,"lease_expires_at":"%s"}'

@@ -418,11 +418,20 @@ class Action:
     _flat: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _require_text(self.name, "action name")
-        _require_text(self.environment, "action environment")
-        _require_text(self.resource, "action resource", optional=True)
-        if type(self.principal) is not Principal and not isinstance(self.principal, Principal):
+        principal = self.principal
+        if type(principal) is not Principal and not isinstance(principal, Principal):
             raise InvalidArgument(f"action {self.name!r}: principal must be a Principal")
+        # the canonical text around the arguments and the resource, per name, environment
+        # and who: kept once those texts are checked (most calls repeat them)
+        name, environment = self.name, self.environment
+        around = None
+        if type(name) is str and type(environment) is str:  # else unhashable, perhaps: refused
+            around = _AROUND.get((name, environment, principal.agent, principal.user))
+        if around is None:
+            _require_text(self.name, "action name")
+            _require_text(self.environment, "action environment")
+            around = _around(name, environment, principal)
+        _require_text(self.resource, "action resource", optional=True)
         if type(self.arguments) is not dict and not isinstance(self.arguments, Mapping):
             raise InvalidArgument(
                 f"action {self.name!r}: arguments must be a mapping, "
@@ -442,15 +451,8 @@ class Action:
             check_value(given, "arguments")
             object.__setattr__(self, "arguments", freeze(given))
             arguments = _CANONICAL_JSON.encode(_plain(self.arguments))
-        # The canonical document, keys sorted: {"arguments", "environment", "name", "principal":
-        # {"agent", "user"}, "resource", "schema"}, written around the arguments' own canonical
-        # text (which the receipt reuses); every string is checked text.
-        principal = self.principal
         canonical = (
-            '{"arguments":' + arguments + ',"environment":' + _json_str(self.environment)
-            + ',"name":' + _json_str(self.name) + ',"principal":{"agent":'
-            + _json_str(principal.agent) + ',"user":' + _json_opt(principal.user)
-            + '},"resource":' + _json_opt(self.resource) + ',"schema":"' + ACTION_SCHEMA + '"}'
+            '{"arguments":' + arguments + around + _json_opt(self.resource) + _SCHEMA_TAIL
         ).encode("utf-8")
         object.__setattr__(self, "_arguments_json", arguments)
         object.__setattr__(self, "_canonical", canonical)
@@ -510,6 +512,25 @@ class Action:
 
 
 _build_action = builder(Action)
+
+# The canonical document, keys sorted: {"arguments", "environment", "name", "principal":
+# {"agent", "user"}, "resource", "schema"}, written around the arguments' own canonical text
+# (which the receipt reuses); every string is checked text.
+_AROUND: dict[tuple[str, str, str, str | None], str] = {}
+_SCHEMA_TAIL = ',"schema":"' + ACTION_SCHEMA + '"}'
+
+
+def _around(name: str, environment: str, principal: Principal) -> str:
+    """The canonical text from after the arguments to the resource's value, kept."""
+    text = (
+        ',"environment":' + _json_str(environment) + ',"name":' + _json_str(name)
+        + ',"principal":{"agent":' + _json_str(principal.agent) + ',"user":'
+        + _json_opt(principal.user) + '},"resource":'
+    )  # fmt: skip
+    if len(_AROUND) >= 1024:
+        _AROUND.clear()
+    _AROUND[(name, environment, principal.agent, principal.user)] = text
+    return text
 
 
 def new_action(
