@@ -223,3 +223,31 @@ def test_encoder_of_still_refuses_a_circular_value():
     looped.append(looped)
     with pytest.raises(ValueError, match="Circular"):
         encoder_of(json.JSONEncoder())(looped)
+
+
+@pytest.mark.parametrize("name", [["refund"], "", 7, "refund\ud800"])
+def test_a_bad_name_is_refused_after_good_actions_share_its_environment_and_principal(name):
+    principal = Principal("agent-1")
+    for _ in range(2):  # the second is built from the text the first kept
+        good = Action("refund", {"amount": 1}, principal, None, "production")
+    assert good.action_hash == Action("refund", {"amount": 1}, principal).action_hash
+    with pytest.raises(InvalidArgument, match="action name"):
+        Action(name, {"amount": 1}, principal, None, "production")
+
+
+@given(st.text(min_size=1), st.text(min_size=1), st.one_of(st.none(), st.text(min_size=1)))
+def test_repeated_actions_hash_as_the_first_of_them(name, environment, user):
+    def build() -> Action:
+        return Action(name, {}, Principal("agent", user), None, environment)
+
+    try:
+        first = build()
+    except InvalidArgument:
+        with pytest.raises(InvalidArgument):
+            build()  # refused again: nothing kept for a refused text
+        return
+    assert build()._canonical == first._canonical == canonical_bytes(
+        {"arguments": {}, "environment": environment, "name": name,
+         "principal": {"agent": "agent", "user": user}, "resource": None,
+         "schema": "ctrlrun.action/v1"}
+    )  # fmt: skip

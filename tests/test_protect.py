@@ -688,3 +688,14 @@ def test_no_human_is_asked_about_a_call_whose_key_cannot_be_reserved(control, st
     assert "APPROVAL_REQUESTED" not in [e.type for e in store.events()]
     last = store.receipts()[-1]
     assert (last.decision, last.result) == ("approve", "blocked")
+
+
+def test_keyword_arguments_bind_in_the_signature_order_whatever_their_order(control) -> None:
+    @protect("ops.delete_row", control=control)
+    def delete_row(table: str, row: int, *, dry_run: bool = False) -> None: ...
+
+    protected = delete_row.__ctrlrun__  # type: ignore[attr-defined]
+    for given in ({"table": "t", "row": 1, "dry_run": True}, {"dry_run": True, "row": 1, "table": "t"}):
+        bound = protected.bind((), dict(given))
+        assert list(bound) == ["table", "row", "dry_run"] and bound == given
+    assert list(protected.bind((), {"row": 1, "table": "t"})) == ["table", "row", "dry_run"]
