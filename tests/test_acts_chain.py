@@ -221,8 +221,11 @@ def test_a_store_made_before_the_acts_chain_verifies_clean(tmp_path, clock):
         sql(db, f"ALTER TABLE verified_mark DROP COLUMN {column}")
     for column in ("action_hash", "result_exact"):  # and what 0008 added after it
         sql(db, f"ALTER TABLE effects DROP COLUMN {column}")
-    sql(db, "DELETE FROM schema_version WHERE migration_id IN ('0007_evidence', '0008_replayable_effects')")
-    store = SQLiteStateStore(db, clock=clock)  # 0007 and 0008 again, over a store with history
+    sql(db, "DROP INDEX receipts_effect_key_seq")  # and what 0009 changed
+    sql(db, "CREATE INDEX receipts_effect_key ON receipts (effect_key)")
+    sql(db, "DELETE FROM schema_version WHERE migration_id IN "
+            "('0007_evidence', '0008_replayable_effects', '0009_effect_receipts_index')")
+    store = SQLiteStateStore(db, clock=clock)  # 0007 to 0009 again, over a store with history
     world = World(store, clock)
     head = store.chain_head()[0]
     report = verify_chain(store)

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import psycopg as pg_driver
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
 from ctrlrun._ledger import Charge, DelegationRecord
 from ctrlrun.effect import EffectState
@@ -369,6 +369,10 @@ OLD_MIGRATIONS = {
             "ALTER TABLE effects ADD COLUMN action_hash TEXT",
             "ALTER TABLE effects ADD COLUMN result_exact INTEGER",
         ),
+        "0009_effect_receipts_index": (
+            "DROP INDEX receipts_effect_key",
+            "CREATE INDEX receipts_effect_key_seq ON receipts (effect_key, seq)",
+        ),
     },
     "postgresql": {
         "0001_initial": OLD_0001_POSTGRESQL,
@@ -384,6 +388,10 @@ OLD_MIGRATIONS = {
         "0008_replayable_effects": (
             f"ALTER TABLE {{s}}.effects ADD COLUMN action_hash {_C}",
             "ALTER TABLE {s}.effects ADD COLUMN result_exact INTEGER",
+        ),
+        "0009_effect_receipts_index": (
+            "DROP INDEX {s}.receipts_effect_key",
+            "CREATE INDEX receipts_effect_key_seq ON {s}.receipts (effect_key, seq)",
         ),
     },
 }
@@ -416,16 +424,19 @@ def test_the_list_creates_every_table_column_and_index_of_the_metadata_once():
                 columns[(step.column.table.name, step.column.name)] += 1
             elif isinstance(step, CreateIndex):
                 indexes[step.element.name] += 1
+            elif isinstance(step, DropIndex):
+                indexes[step.element.name] -= 1
     data = [t for t in metadata.sorted_tables if t is not schema_version]
     assert tables == Counter(t.name for t in data)
     assert columns == Counter((t.name, c.name) for t in data for c in t.c)
-    assert indexes == Counter(i.name for t in data for i in t.indexes)
+    assert +indexes == Counter(i.name for t in data for i in t.indexes)
     assert MIGRATIONS == (
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
         "0005_read_indexes",
         "0006_verified_mark",
         "0007_evidence",
         "0008_replayable_effects",
+        "0009_effect_receipts_index",
     )  # fmt: skip
     assert HEAD == MIGRATIONS[-1]
     assert list(MIGRATIONS) == sorted(set(MIGRATIONS))

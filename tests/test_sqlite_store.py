@@ -48,6 +48,7 @@ def test_fresh_store_records_its_migrations(db, clock):
         "0001_initial", "0002_approval_edits", "0003_authority", "0004_notifications",
         "0005_read_indexes",
         "0006_verified_mark", "0007_evidence", "0008_replayable_effects",
+        "0009_effect_receipts_index",
     )  # fmt: skip
     assert rows[-1][0] == HEAD and all(r[1] and r[2] for r in rows)
     assert head == [(1, 0, "sha256:" + "0" * 64)]

@@ -116,9 +116,13 @@ class EvidenceStatements:
         if found is None:
             s = self._s
             e, r = s.effects, s.receipts
-            newest = (r.c.effect_key == e.c.effect_key, r.c.seq.is_not(None))
-            last = select(r.c.seq).where(*newest).order_by(r.c.seq.desc()).limit(_ONE).offset(_ZERO)
-            result = select(r.c.result).where(*newest).order_by(r.c.seq.desc()).limit(_ONE).offset(_ZERO)
+            # The key's newest receipt, one probe of the (effect_key, seq) index. Said as a range
+            # and ordered by both columns on purpose: with ``effect_key = …`` ordered by seq alone,
+            # Postgres may walk the whole seq index backwards looking for the key.
+            newest = (r.c.effect_key >= e.c.effect_key, r.c.effect_key <= e.c.effect_key, r.c.seq.is_not(None))
+            order = (r.c.effect_key.desc(), r.c.seq.desc())
+            last = select(r.c.seq).where(*newest).order_by(*order).limit(_ONE).offset(_ZERO)
+            result = select(r.c.result).where(*newest).order_by(*order).limit(_ONE).offset(_ZERO)
             query = select(
                 e.c.effect_key, e.c.attempt, e.c.resolved_by, e.c.state,
                 last.scalar_subquery(), result.scalar_subquery(),

@@ -19,8 +19,24 @@ def sqlstate(exc: BaseException) -> str | None:
 
 
 def message_of(exc: BaseException) -> str:
+    """The driver's message on one line: libpq's own lines (a hint, a caret under a query) are
+    joined with "; " rather than shown as escaped newlines and tabs."""
     original = getattr(exc, "orig", None) or exc
-    return str(original).strip() or type(original).__name__
+    lines = [line.strip() for line in str(original).splitlines()]
+    return "; ".join(line for line in lines if line and line != "^") or type(original).__name__
+
+
+_SETTINGS = {"lock": "lock_timeout", "statement": "statement_timeout",
+             "idle_in_transaction": "idle_in_transaction_session_timeout"}
+
+
+def _in_force(store: Any, name: str) -> str:
+    """A server timeout as the store's sessions have it (read from the server when the store
+    opened: the URL, ``PGOPTIONS`` or the role may have set another than ``PostgresTimeouts``)."""
+    value = getattr(store, "in_force", {}).get(_SETTINGS[name])
+    if not value:
+        return str(store.timeouts.describe(name))
+    return "off" if value == "0" else value
 
 
 def driver_error(exc: BaseException, doing: str, store: Any, *, transient: bool) -> CTRLRunError:
@@ -50,20 +66,20 @@ def driver_error(exc: BaseException, doing: str, store: Any, *, transient: bool)
     if state == "55P03":
         return StoreUnavailable(
             f"{where} gave up waiting for a lock while {doing} ({message}): another session "
-            f"held it past lock_timeout ({t.describe('lock')}); nothing was written: retry "
+            f"held it past lock_timeout ({_in_force(store, 'lock')}); nothing was written: retry "
             "(a lock held for long: find its session in pg_stat_activity)"
         )
     if state == "57014":
         return StoreUnavailable(
             f"{where} cancelled a statement while {doing} ({message}): it ran past "
-            f"statement_timeout ({t.describe('statement')}) or was cancelled; nothing was "
+            f"statement_timeout ({_in_force(store, 'statement')}) or was cancelled; nothing was "
             "written: retry (a long read: raise PostgresTimeouts.statement, or "
             "options=-c statement_timeout=... in the URL)"
         )
     if state == "25P03":
         return StoreUnavailable(
             f"{where} ended the session while {doing} ({message}): a transaction sat idle "
-            f"past idle_in_transaction_session_timeout ({t.describe('idle_in_transaction')});"
+            f"past idle_in_transaction_session_timeout ({_in_force(store, 'idle_in_transaction')});"
             " nothing of it was written: retry"
         )
     if state in NOTHING_COMMITTED:

@@ -51,7 +51,15 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..receipt import Event, Receipt
-from .pgtimeouts import PostgresTimeouts, connect_parameters, take_query, take_url_settings
+from .pgtimeouts import (
+    PREPARED_PARAMETER,
+    SKEW_PARAMETER,
+    STARTUP_PARAMETER,
+    PostgresTimeouts,
+    connect_parameters,
+    take_query,
+    take_url_settings,
+)
 from .pgerrors import NOTHING_COMMITTED, driver_error, message_of, sqlstate
 from .pgliteral import Literals
 from .prepared import MISSING_PREPARED
@@ -100,6 +108,25 @@ def split_store_url(url: str) -> tuple[str, str | None]:
     if schemas and not schemas[0]:
         raise InvalidArgument(f"the store URL's {SCHEMA_PARAMETER} is empty; name a schema")
     return rest, (schemas[0] if schemas else None)
+
+
+_OWN_PARAMETERS = (SCHEMA_PARAMETER, PREPARED_PARAMETER, STARTUP_PARAMETER, SKEW_PARAMETER)
+_SCHEMA_LOOKALIKES = ("schema", "search_path", "currentschema", "current_schema")
+
+
+def _url_problem(exc: BaseException) -> str:
+    """libpq's complaint about a URL, on one line; a query parameter it does not know is named
+    beside the ones ctrlrun reads itself (a schema goes in ``ctrlrun_schema``)."""
+    message = message_of(exc)
+    unknown = re.search(r'invalid URI query parameter: "([^"]*)"', message)
+    if unknown is None:
+        return message
+    name = unknown.group(1)
+    if name.lower() in _SCHEMA_LOOKALIKES:
+        return (f"{message}: libpq has no {name!r} parameter; name the schema with "
+                f"{SCHEMA_PARAMETER}=<schema> (e.g. ?{SCHEMA_PARAMETER}=ctrlrun)")  # fmt: skip
+    return (f"{message}: {name!r} is neither a libpq connection parameter nor one of ctrlrun's "
+            f"own ({', '.join(_OWN_PARAMETERS)})")  # fmt: skip
 
 
 def _check_schema_name(schema: Any) -> str:
@@ -188,6 +215,7 @@ class PostgresStateStore(SQLStateStore):
 
             timeouts = replace(timeouts, startup_options=settings["startup_options"])
         self.timeouts = timeouts
+        self.in_force: dict[str, str] = {}  # the server's timeouts as a session of this store has them
         self.max_clock_skew = _check_skew_limit(settings.get("max_clock_skew", max_clock_skew))
         self.prepares = bool(settings.get("prepared", prepared))
         self.clock_check_interval = CLOCK_CHECK_INTERVAL
@@ -224,7 +252,7 @@ class PostgresStateStore(SQLStateStore):
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.Error as exc:
-            raise InvalidArgument(f"cannot read the Postgres URL: {exc}") from None
+            raise InvalidArgument(f"cannot read the Postgres URL: {_url_problem(exc)}") from None
         self._psycopg = psycopg
         self._conninfo = conninfo
         self._params = params
@@ -362,13 +390,17 @@ class PostgresStateStore(SQLStateStore):
                 "ELSE has_schema_privilege(n.oid, 'USAGE') END, "
                 "CASE WHEN n.oid IS NULL THEN false "
                 "ELSE has_schema_privilege(n.oid, 'CREATE') END, "
-                "clock_timestamp() "
+                "clock_timestamp(), current_setting('lock_timeout'), "
+                "current_setting('statement_timeout'), "
+                "current_setting('idle_in_transaction_session_timeout') "
                 "FROM pg_database d LEFT JOIN pg_namespace n ON n.nspname = :schema "
                 "WHERE d.datname = current_database()"
             ),
             {"schema": self._schema},
         ).one()
         rtt = time.monotonic() - started
+        names = ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")
+        self.in_force = {name: str(value) for name, value in zip(names, row[5:8])}
         return str(row[0]), bool(row[1]), bool(row[2]), bool(row[3]), row[4], rtt
 
     def _check_skew(self, local: datetime, server_now: Any, rtt: float) -> None:

@@ -33,7 +33,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
 from .._time import format_precise, utc_now
 from ..errors import SchemaMismatch
@@ -182,7 +182,12 @@ receipts = Table(
     Column("approval_id", _ID),  # the document's approval_id, for lookups by request
 )
 Index("receipts_action_id", receipts.c.action_id)
-Index("receipts_effect_key", receipts.c.effect_key)
+# 0005 indexed receipts by key alone; 0009 replaced that index with one by (key, seq), so a key's
+# last receipt is one probe however many receipts the key has. The old one stays out of the
+# MetaData (which describes the schema as it is now) but is kept for the steps that name it.
+_RECEIPTS_BY_KEY_0005 = Index("receipts_effect_key", receipts.c.effect_key)
+receipts.indexes.discard(_RECEIPTS_BY_KEY_0005)
+Index("receipts_effect_key_seq", receipts.c.effect_key, receipts.c.seq)
 _where_set("receipts_approval_id", receipts.c.approval_id)
 Index("events_action_id", events.c.action_id)
 _where_set("events_approval_id", events.c.approval_id)
@@ -407,7 +412,7 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
             (
                 _index(effects, "effects_created"),
                 _index(receipts, "receipts_action_id"),
-                _index(receipts, "receipts_effect_key"),
+                CreateIndex(_RECEIPTS_BY_KEY_0005),
                 AddColumn(receipts.c.approval_id),
                 _index(receipts, "receipts_approval_id"),
                 FillReceiptApprovals(receipts),
@@ -450,6 +455,10 @@ SCHEMA_MIGRATIONS: tuple[Migration, ...] = _as_of_creation(
         Migration(
             "0008_replayable_effects",
             (AddColumn(effects.c.action_hash), AddColumn(effects.c.result_exact)),
+        ),
+        Migration(
+            "0009_effect_receipts_index",
+            (DropIndex(_RECEIPTS_BY_KEY_0005), _index(receipts, "receipts_effect_key_seq")),
         ),
     )
 )
