@@ -24,7 +24,7 @@ def agents(project):  # noqa: F811
 
 KEYS = ["schema", "mode", "since", "from", "to", "actions", "ledger_rows", "would_have_been_denied",
         "denied_by_reason", "would_have_needed_approval", "would_have_been_blocked",
-        "blocked_by_reason", "ambiguous_outcomes"]  # fmt: skip
+        "blocked_by_reason", "ambiguous_outcomes", "observed", "enforced"]  # fmt: skip
 
 
 def observed(blocked: str | None, execution: str = "committed", at: str = "2026-11-30T09:00:00.000Z"):
@@ -50,6 +50,54 @@ def test_observed_receipts_count_by_the_first_refusal_enforce_would_have_raised(
     assert document["blocked_by_reason"] == {"attempt_ceiling": 1, "duplicate": 1, "precondition_changed": 1}
     assert document["would_have_been_blocked"] == 3
     assert document["ambiguous_outcomes"] == 1
+
+
+def enforced(result: str, reason: str = "x", at: str = "2026-11-30T09:00:00.000Z"):
+    return SimpleNamespace(result=result, execution=None, decision_reason=reason, would_have=None,
+                           finished_at=at)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+def test_observed_and_enforced_receipts_are_counted_apart(mode: str) -> None:
+    """After a switch of mode the store holds both kinds: a refusal enforce mode recorded is
+    never a "would have", nor an observed one a refusal, whichever mode the policy is in now."""
+    receipts = [observed("rule[2]"), observed("duplicate"), observed(None),
+                enforced("denied", "rule[2]"), enforced("denied", "rule[2]"), enforced("blocked"),
+                enforced("committed"), enforced("ambiguous")]  # fmt: skip
+    document = tally(receipts, mode=mode, since=None, ledger_rows=0)
+    assert document["actions"] == 8
+    assert document["would_have_been_denied"] == 1 and document["denied_by_reason"] == {"rule[2]": 1}
+    assert document["would_have_been_blocked"] == 1 and document["blocked_by_reason"] == {"duplicate": 1}
+    assert document["observed"] == {"actions": 3, "ambiguous_outcomes": 0}
+    assert document["enforced"] == {"actions": 5, "denied": 2, "denied_by_reason": {"rule[2]": 2},
+                                    "blocked": 1, "ambiguous_outcomes": 1}  # fmt: skip
+    assert document["ambiguous_outcomes"] == 1
+
+
+def test_enforce_mode_after_observing_says_denied_for_what_was_denied(agents) -> None:
+    """The walkthrough of docs/observe.md in short: observed calls, then the switch."""
+    from ctrlrun import Control, Policy, protect
+
+    from .vectors import ROOT as _root
+
+    text = (_root / "ctrlrun.yaml").read_text(encoding="utf-8")
+    observing = Control(Policy.from_yaml("mode: observe\n" + text.replace("ctrlrun.policy/v2", "ctrlrun.policy/v3")),
+                        agents.store, clock=agents.clock, environment="production")  # fmt: skip
+    refund = protect("stripe.refund", effect="refund:{payment_id}", control=observing)(lambda payment_id, amount: "ok")
+    import ctrlrun
+
+    with ctrlrun.context(agent="support-agent"):
+        refund(payment_id="obs_1", amount=10_000_000)  # would have been denied; it ran
+    with pytest.raises(ActionDenied):
+        agents.call(payment_id="txn_2", amount=10_000_000)
+    with pytest.raises(ActionDenied):
+        agents.call(payment_id="txn_3", amount=10_000_000)
+    result = invoke(["stats"], clock=agents.clock)
+    assert result.code == 0, result.err
+    assert "denied                             2" in result.lines
+    assert "would have been denied             1" in result.lines
+    document = json.loads(invoke(["stats", "--json"], clock=agents.clock).out)
+    assert document["enforced"]["denied"] == 2 and document["would_have_been_denied"] == 1
 
 
 def test_the_window_is_inclusive_and_since_reads_both_forms() -> None:

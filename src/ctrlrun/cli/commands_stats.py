@@ -1,7 +1,8 @@
 """``ctrlrun stats``: what the receipts of a window say the policy did, or would have done.
 
-In observe mode each observed receipt counts by the first refusal enforce mode would have raised
-(``would_have.blocked_reason``); in enforce mode the denied receipts count by reason.
+Each observed receipt counts by the first refusal enforce mode would have raised
+(``would_have.blocked_reason``); each enforced one by what it was (denied by reason, blocked,
+ambiguous). The two are counted apart: a store keeps both kinds after a switch of mode.
 """
 
 from __future__ import annotations
@@ -61,13 +62,25 @@ def _denied_reason(reason: str) -> bool:
 
 
 def tally(receipts: Iterable[Receipt], *, mode: str, since: datetime | None, ledger_rows: int) -> dict[str, Any]:
-    """The stats document (``ctrlrun.stats/v1``) for the receipts finished at or after ``since``."""
-    chosen = [r for r in receipts if since is None or parse_ts(r.finished_at) >= since]
+    """The stats document (``ctrlrun.stats/v1``) for the receipts finished at or after ``since``.
+
+    Observed receipts and enforced ones are counted apart whatever the policy's mode is now (a
+    store keeps both after a switch): the ``would_have_*`` keys and their ``*_by_reason`` count
+    observed receipts only; ``enforced`` counts what was really denied and blocked;
+    ``ambiguous_outcomes`` counts both."""
     denied: dict[str, int] = {}
     blocked: dict[str, int] = {}
-    approval = ambiguous = 0
-    for receipt in chosen:
+    enforced_denied: dict[str, int] = {}
+    approval = ambiguous = enforced_ambiguous = enforced_blocked = observed = actions = 0
+    first = last = None
+    for receipt in receipts:
+        if since is not None and parse_ts(receipt.finished_at) < since:
+            continue
+        actions += 1
+        first = receipt.finished_at if first is None or receipt.finished_at < first else first
+        last = receipt.finished_at if last is None or receipt.finished_at > last else last
         if receipt.result == "observed":
+            observed += 1
             reason = (receipt.would_have or {}).get("blocked_reason")
             ambiguous += receipt.execution == "ambiguous"
             if reason is None:
@@ -79,26 +92,33 @@ def tally(receipts: Iterable[Receipt], *, mode: str, since: datetime | None, led
             else:
                 blocked[reason] = blocked.get(reason, 0) + 1
         elif receipt.result == "denied":
-            denied[receipt.decision_reason] = denied.get(receipt.decision_reason, 0) + 1
+            enforced_denied[receipt.decision_reason] = enforced_denied.get(receipt.decision_reason, 0) + 1
         elif receipt.result == "blocked":
-            blocked["blocked"] = blocked.get("blocked", 0) + 1
+            enforced_blocked += 1
         elif receipt.result == "ambiguous":
-            ambiguous += 1
-    finished = sorted(r.finished_at for r in chosen)
+            enforced_ambiguous += 1
     return {
         "schema": "ctrlrun.stats/v1",
         "mode": mode,
         "since": None if since is None else format_ts(since),
-        "from": finished[0] if finished else None,
-        "to": finished[-1] if finished else None,
-        "actions": len(chosen),
+        "from": first,
+        "to": last,
+        "actions": actions,
         "ledger_rows": ledger_rows,
         "would_have_been_denied": sum(denied.values()),
         "denied_by_reason": dict(sorted(denied.items())),
         "would_have_needed_approval": approval,
         "would_have_been_blocked": sum(blocked.values()),
-        "blocked_by_reason": dict(sorted(blocked.items())) if mode == "observe" else {},
-        "ambiguous_outcomes": ambiguous,
+        "blocked_by_reason": dict(sorted(blocked.items())),
+        "ambiguous_outcomes": ambiguous + enforced_ambiguous,
+        "observed": {"actions": observed, "ambiguous_outcomes": ambiguous},
+        "enforced": {
+            "actions": actions - observed,
+            "denied": sum(enforced_denied.values()),
+            "denied_by_reason": dict(sorted(enforced_denied.items())),
+            "blocked": enforced_blocked,
+            "ambiguous_outcomes": enforced_ambiguous,
+        },
     }
 
 
@@ -106,25 +126,54 @@ def _line(label: str, count: int, indent: str = "") -> str:
     return f"{indent}{label}".ljust(35) + str(count)
 
 
+def _say_reasons(counts: dict[str, int]) -> None:
+    for reason, count in counts.items():
+        say(_line(reason, count, "   "))
+
+
+def _say_observed(document: dict[str, Any]) -> None:
+    say(_line("would have been denied", document["would_have_been_denied"]))
+    _say_reasons(document["denied_by_reason"])
+    say(_line("would have needed approval", document["would_have_needed_approval"]))
+    say(_line("would have been blocked", document["would_have_been_blocked"]))
+    _say_reasons(document["blocked_by_reason"])
+
+
+def _say_enforced(document: dict[str, Any]) -> None:
+    enforced = document["enforced"]
+    say(_line("denied", enforced["denied"]))
+    _say_reasons(enforced["denied_by_reason"])
+    say(_line("blocked", enforced["blocked"]))
+
+
 def _say_table(document: dict[str, Any]) -> None:
+    """The current mode's counts first; the other kind's receipts (written before a switch of
+    mode) in a section of their own, never added to them."""
     observing = document["mode"] == "observe"
+    observed, enforced = document["observed"]["actions"], document["enforced"]["actions"]
+    mixed = observed > 0 and enforced > 0
     span = f"{document['from']} .. {document['to']}" if document["from"] else "no receipts in the window"
     say(f"CTRLRun — {span}   ({document['mode']} mode)")
     say()
     say(_line("actions", document["actions"]))
-    say(_line("would have been denied" if observing else "denied", document["would_have_been_denied"]))
-    for reason, count in document["denied_by_reason"].items():
-        say(_line(reason, count, "   "))
-    if observing:
-        say(_line("would have needed approval", document["would_have_needed_approval"]))
-    say(_line("would have been blocked" if observing else "blocked", document["would_have_been_blocked"]))
-    for reason, count in document["blocked_by_reason"].items():
-        say(_line(reason, count, "   "))
+    if mixed:
+        say(_line("enforced", enforced, "   "))
+        say(_line("observed", observed, "   "))
+    (_say_observed if observing else _say_enforced)(document)
     say(_line("ambiguous outcomes", document["ambiguous_outcomes"]))
     say(_line("budget ledger rows", document["ledger_rows"]))
+    other_count = enforced if observing else observed
+    if other_count:
+        say()
+        if observing:
+            say(f"enforced before the switch to observe ({other_count} actions):")
+            _say_enforced(document)
+        else:
+            say(f"observed before the switch to enforce ({other_count} actions; nothing was enforced on them):")
+            _say_observed(document)
     say()
     say("actions awaiting a human have no receipt yet and are not counted (ctrlrun pending lists them)")
-    if not observing:
+    if not observing or enforced:
         say("blocked receipts are not broken down by reason in enforce mode; ctrlrun receipts shows each")
 
 
@@ -139,12 +188,12 @@ def stats(settings: Settings, since: str | None, as_json: bool, store_url: str |
     observe_banner(policy)
     start = parse_since(since, settings.clock()) if since is not None else None
     with open_operator_store(settings, store_url, read_only=True) as store:
-        receipts = [r for r in store.receipts() if isinstance(r, Receipt)]
+        receipts = (r for r in store.iter_receipts() if isinstance(r, Receipt))
         try:
             ledger_rows = len(store.consumptions())
         except InvalidArgument:
             ledger_rows = 0
-    document = tally(receipts, mode=policy.mode, since=start, ledger_rows=ledger_rows)
+        document = tally(receipts, mode=policy.mode, since=start, ledger_rows=ledger_rows)
     if as_json:
         say_raw(compact_json(document))
     else:
