@@ -134,19 +134,30 @@ class Attempt:
 def fan_out(
     sinks: Sequence[Any], events: Sequence[Event], receipt: Receipt | None
 ) -> None:
-    """Copy committed evidence to every sink; a failing sink is logged and skipped."""
+    """Copy committed evidence to every sink, each record on its own: a sink that fails on one
+    is logged and still gets the next (the action's later events and its receipt)."""
     for sink in sinks:
-        try:
-            batch = getattr(sink, "on_batch", None)
-            if batch is not None:
+        batch = getattr(sink, "on_batch", None)
+        if batch is not None:
+            try:
                 batch(events, receipt)
-                continue
-            for event in events:
+            except Exception:
+                _failed(sink)
+            continue
+        for event in events:
+            try:
                 sink.on_event(event)
-            if receipt is not None:
+            except Exception:
+                _failed(sink)
+        if receipt is not None:
+            try:
                 sink.on_receipt(receipt)
-        except Exception:
-            log.warning("event sink %r failed; continuing", sink, exc_info=True)
+            except Exception:
+                _failed(sink)
+
+
+def _failed(sink: Any) -> None:
+    log.warning("event sink %r failed; continuing", sink, exc_info=True)
 
 
 def describe(exc: BaseException) -> str:

@@ -441,7 +441,9 @@ class EventSink(Protocol):
     """Receives every event and receipt after the store committed it.
 
     A sink may also have ``on_batch(events, receipt)``: it is then given one transaction's
-    events and receipt (or ``None``) at once, instead of ``on_event``/``on_receipt``.
+    events and receipt (or ``None``) at once, instead of ``on_event``/``on_receipt``. Whatever a
+    sink raises is logged and the sink still gets every later record: each event and the receipt
+    are delivered on their own, so one failure skips only the record it failed on.
     """
 
     def on_event(self, event: Event) -> None: ...
@@ -473,11 +475,18 @@ class JSONLEventSink:
         self._append(self.receipts_path, receipt.to_json())
 
     def on_batch(self, events: Sequence[Event], receipt: Receipt | None) -> None:
-        """One transaction's records: all its event lines in one append, then the receipt's."""
+        """One transaction's records: all its event lines in one append, then the receipt's (also
+        when the events' append failed; that failure is raised after)."""
+        failed: Exception | None = None
         if events:
-            self._append(self.events_path, "\n".join(event.to_json() for event in events))
+            try:
+                self._append(self.events_path, "\n".join(event.to_json() for event in events))
+            except Exception as exc:
+                failed = exc
         if receipt is not None:
             self.on_receipt(receipt)
+        if failed is not None:
+            raise failed
 
 
 # The chain check lives in its own module (which imports this one); its names stay importable
