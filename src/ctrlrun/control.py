@@ -189,7 +189,12 @@ class Control:
 
     def evaluate(self, action: Action, *, task: str | None = None, hop: str | None = None) -> Evaluation:
         """The decision for ``action``, authority and policy combined (the stricter wins); writes
-        nothing. An authority denial answers ``deny`` with the authority's reason."""
+        nothing. An authority denial answers ``deny`` with the authority's reason. An action of
+        another environment is refused (``InvalidArgument``), as ``execute`` refuses it."""
+        self._check_environment(action)
+        expired = action.principal.expires_at
+        if expired is not None and self._clock() > expired:
+            return Evaluation(Decision.DENY, "principal_expired")
         if self._authority is not None:
             from .authority import resolve
 
@@ -320,7 +325,7 @@ class Control:
             attempt.event(EventType.ACTION_DENIED, reason=evaluation.reason)
             yield from self._record(attempt, attempt.receipt("denied"))
             raise ActionDenied(
-                f"action {action.name!r} denied by policy ({evaluation.reason})",
+                denial_message(self._policy, action.name, evaluation.reason),
                 reason=evaluation.reason,
                 action_id=action.action_id,
             )
@@ -368,12 +373,7 @@ class Control:
         hop: str | None = None,
         scope: Any = None,
     ) -> _Options:
-        if action.environment != self._environment:
-            raise InvalidArgument(
-                f"action {action.name!r} is for environment {action.environment!r} but this "
-                f"Control runs {self._environment!r}; build the Action with "
-                f"environment={self._environment!r}"
-            )
+        self._check_environment(action)
         if effect_key is not None and (
             not isinstance(effect_key, str) or effect_key == "" or effect_key.startswith("policy:")
         ):
@@ -389,6 +389,14 @@ class Control:
             raise InvalidArgument(f"reconcile_eagerly=True for {action.name!r} needs reconcile=")
         lease = self._lease if lease is None else _positive(lease, "lease")
         return _Options(effect_key, lease, reconcile, reconcile_eagerly, task, hop, preconditions)
+
+    def _check_environment(self, action: Action) -> None:
+        if action.environment != self._environment:
+            raise InvalidArgument(
+                f"action {action.name!r} is for environment {action.environment!r} but this "
+                f"Control runs {self._environment!r}; build the Action with "
+                f"environment={self._environment!r}"
+            )
 
     def _attempt(
         self, action: Action, effect_key: str | None, approval_id: str | None,
@@ -451,22 +459,23 @@ class Control:
 
     def _raised(self, attempt: Attempt, options: _Options, exc: BaseException) -> Steps[None]:
         """Record what a function that raised leaves behind; the caller re-raises ``exc``."""
+        # The function's own exception always goes on; what became of its outcome in the store
+        # (not written, or refused because the key was resolved meanwhile) rides on it as a note.
         if isinstance(exc, NotExecuted):
             error = storable(message_of(exc) or describe(exc))
             try:
                 failed = yield from self._finish(attempt, EffectState.FAILED, None, error, "raised NotExecuted")
-            except AmbiguousWrite as unrecorded:
-                exc.add_note(str(unrecorded))
+            except (AmbiguousWrite, AmbiguousEffect, DuplicateEffect, InvalidArgument) as unrecorded:
+                exc.add_note(_outcome_note(attempt, unrecorded))
                 return
             _hand_receipt(exc, failed)
             return
         try:
             wrote = yield from self._finish(
                 attempt, EffectState.AMBIGUOUS, None, describe(exc), "raised " + type(exc).__name__,
-                reraise_store=isinstance(exc, Exception),
             )  # fmt: skip
-        except AmbiguousWrite as unrecorded:
-            exc.add_note(str(unrecorded))  # the function's own exception goes on, with this
+        except (AmbiguousWrite, AmbiguousEffect, DuplicateEffect, InvalidArgument) as unrecorded:
+            exc.add_note(_outcome_note(attempt, unrecorded))
             return
         _hand_receipt(exc, wrote)
         if (wrote and options.reconcile_eagerly and isinstance(exc, Exception) and options.effect_key
@@ -476,7 +485,7 @@ class Control:
                 yield from self._record(attempt, None)
 
     def _finish(self, attempt: Attempt, outcome: EffectState, value: Any, error: str | None,
-                did: str, *, reraise_store: bool = True, ran: bool = True) -> Steps[Receipt | None]:  # fmt: skip
+                did: str, *, ran: bool = True) -> Steps[Receipt | None]:  # fmt: skip
         """Write the outcome, its event and the receipt in one transaction (the store retries
         it); one it never confirms raises ``AmbiguousWrite`` saying that the function ``ran``."""
         event_type = {
@@ -505,9 +514,7 @@ class Control:
                 raise
             attempt.pending.clear()
             yield from self._unrecorded(attempt, did, refusal)
-            if reraise_store:
-                raise refusal from None
-            return None
+            raise refusal from None
         except CTRLRunError as failed:
             if not ran:
                 raise
@@ -558,6 +565,31 @@ class Control:
 
 
 _PRINCIPALS: dict[tuple[str, str | None], Principal] = {}
+
+
+def denial_message(policy: Policy, name: str, reason: str) -> str:
+    """What a policy denial says; an action the policy does not name says which file was read
+    and the nearest name it does have (a typo in the decorator or in the policy)."""
+    if reason != "unknown_action":
+        return f"action {name!r} denied by policy ({reason})"
+    import difflib
+
+    known = policy.actions
+    nearest = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {nearest[0]!r}?)." if nearest else (
+        f"; it names {', '.join(repr(a) for a in known[:5])}{', …' if len(known) > 5 else ''}."
+        if known else "; it names no action.")  # fmt: skip
+    return (f"action {name!r} denied by policy (unknown_action): {policy.source} has no entry "
+            f"for it under actions{hint} Fix the name, or add the action to the policy")  # fmt: skip
+
+
+def _outcome_note(attempt: Attempt, unrecorded: CTRLRunError) -> str:
+    """The note a function's exception carries when the store did not take its outcome."""
+    if isinstance(unrecorded, AmbiguousWrite):
+        return str(unrecorded)
+    key = attempt.effect_key
+    return (f"ctrlrun: effect {key!r} was settled by someone else while the function ran, so this "
+            f"attempt's outcome was recorded as ambiguous beside it, not on the key: {unrecorded}")
 
 
 def _hand_receipt(exc: BaseException, receipt: Receipt | None) -> None:
