@@ -51,6 +51,25 @@ def test_every_id_kind_finds_the_whole_story(approved):
         assert spent[0]["decisions"][0]["policy_hash"] == receipt.policy_hash
 
 
+def test_the_action_that_asked_is_told_as_fully_as_the_key_tells_it(approved):
+    """The action that raised ApprovalRequired has no receipt of its own: its name, principal,
+    arguments and policy come from the request that holds it."""
+    project, request_id, _ = approved
+    record = project.store.get_approval(request_id)
+    asked = record.request.action.action_id
+    by_key = [d for d in _documents(project, "refund:txn_big") if d["kind"] == "action" and d["action_id"] == asked]
+    (mine,) = [d for d in _documents(project, asked) if d["kind"] == "action" and d["action_id"] == asked]
+    assert mine["action"] == "stripe.refund" and mine["principal"] == {"agent": "support-agent", "user": None}
+    assert mine["arguments"] == {"amount": 200_000, "payment_id": "txn_big"}
+    assert mine["action_hash"] == record.request.action_hash
+    assert mine["decisions"][0]["policy_hash"] == record.request.policy_hash is not None
+    assert not by_key or by_key[0] == mine
+    text = invoke(["inspect", asked], clock=project.clock).out
+    assert f"action {asked}  stripe.refund  support-agent  {record.request.action_hash}" in text
+    assert '  arguments {"amount":200000,"payment_id":"txn_big"}' in text
+    assert "policy -" not in text
+
+
 def test_text_output_names_each_part(approved):
     project, request_id, receipt = approved
     result = invoke(["inspect", request_id], clock=project.clock)

@@ -90,12 +90,20 @@ def inspect_story(store: StateStore, ident: str) -> list[dict[str, Any]]:
         raise _not_found(ident, kind)
     for action_id in list(story.actions):  # each action's own events and receipts
         story.add(store.receipts_for(action_id=action_id), store.events_for(action_id=action_id))
+    read = set(story.actions)
     for request_id in story.requests:
         story.add(events=store.events_for(approval_id=request_id))
-    documents = [_action(story, a) for a in story.actions]
+    for action_id in [a for a in story.actions if a not in read]:  # the action that asked
+        story.add(store.receipts_for(action_id=action_id), store.events_for(action_id=action_id))
+    records = {
+        request_id: record if record is not None and record.approval_id == request_id
+        else store.get_approval(request_id)
+        for request_id in story.requests
+    }  # fmt: skip
+    asked = [r.request for r in records.values() if r is not None]
+    documents = [_action(story, a, asked) for a in story.actions]
     for request_id in story.requests:
-        found = record if record is not None and record.approval_id == request_id else store.get_approval(request_id)
-        documents.append(_request(story, request_id, found))
+        documents.append(_request(story, request_id, records[request_id]))
     for key in story.keys[:1]:
         documents.append(_effect(story, key, effect if effect is not None else store.get_effect(key)))
     rows = sorted(story.receipts.values(), key=lambda r: (r.seq is None, r.seq or 0))
@@ -114,19 +122,28 @@ def _principal(value: Any) -> dict[str, Any]:
     return {"agent": value.agent, "user": value.user}
 
 
-def _action(story: _Story, action_id: str) -> dict[str, Any]:
+def _action(story: _Story, action_id: str, asked: list[Any]) -> dict[str, Any]:
+    """An action's document, from its receipts, or (an action still waiting for a human, or
+    one whose receipts were pruned) from the request that holds it."""
     receipts = [r for r in story.receipts.values() if isinstance(r, Receipt) and r.action_id == action_id]
     events = _mine(story, action_id=action_id)
     document: dict[str, Any] = {"kind": "action", "action_id": action_id, "action": None,
                                 "arguments": None, "action_hash": None, "principal": None}  # fmt: skip
+    requests = [r for r in asked if r.action.action_id == action_id]
+    requested = requests[0].action if requests else None
     if receipts:
         first = receipts[0]
         document.update(action=first.action, arguments=dict(first.arguments),
                         action_hash=first.action_hash, principal=_principal(first.principal))  # fmt: skip
+    elif requested is not None:
+        document.update(action=requested.name, arguments=requested.canonical_arguments,
+                        action_hash=requested.action_hash, principal=_principal(requested.principal))  # fmt: skip
     for event in events:
         if event.type is EventType.ACTION_PROPOSED and document["action_hash"] is None:
             document["action_hash"] = event.data.get("action_hash")
     policy_hashes = {r.policy_hash for r in receipts if r.policy_hash}
+    if not receipts:
+        policy_hashes |= {r.policy_hash for r in requests if r.policy_hash}
     policy_hash = next(iter(policy_hashes)) if len(policy_hashes) == 1 else None
     decisions = []
     for event in events:
