@@ -85,6 +85,7 @@ def test_the_approval_round_trip(mode: Mode, site: Site, counter: Counter) -> No
     assert counter.count("refund") == 1
     approved = [r for r in site.receipts() if str(r.result) == "committed"]
     assert [r.approver for r in approved] == ["cli:local"]
+    assert site.results() == ["committed", "blocked", "denied"]  # waiting for a human leaves none
 
 
 @pytest.mark.parametrize("misbehave", ["invalid_request_after", "wrong_id_after"])

@@ -11,10 +11,12 @@ import pytest
 
 from ctrlrun import Control, InMemoryStateStore, Policy, Principal
 from ctrlrun.answers import answer_events
+from ctrlrun.cli.inspecting import inspect_story
 from ctrlrun.gateway.config import GatewayConfig
 from ctrlrun.gateway.intercept import Interceptor
 from ctrlrun.gateway.outcome import Answered, Broken, Cancelled, NeverConnected, Observation
 from ctrlrun.gateway.tools import Catalog
+from ctrlrun.receipt import verify_chain
 from ctrlrun.transport import Transport
 
 from ..clock import Clock
@@ -76,9 +78,12 @@ def complete(request: dict[str, Any]) -> Observation:
 
 
 class Harness:
-    def __init__(self, policy: str = POLICY, *, input_timeout: float = 30.0) -> None:
-        self.clock = Clock()
-        self.store = InMemoryStateStore(clock=self.clock)
+    """The interceptor over a Control on ``store`` (in memory unless given, with its ``clock``)."""
+
+    def __init__(self, policy: str = POLICY, *, input_timeout: float = 30.0, store: Any = None,
+                 clock: Any = None) -> None:  # fmt: skip
+        self.clock = clock if clock is not None else Clock()
+        self.store = store if store is not None else InMemoryStateStore(clock=self.clock)
         self.control = Control(Policy.from_yaml(policy), self.store, clock=self.clock)
         self.config = GatewayConfig(alias="pay", command=("x",), principal=("agent-1", "alice"), input_timeout=input_timeout)
         self.catalog = Catalog(self.control.policy, "pay")
@@ -332,3 +337,96 @@ def test_observe_mode_refuses_nothing_about_the_action() -> None:
     answer = h.one("nuke", {})
     assert "result" in answer
     assert len(h.upstream.received) == 1
+
+
+# -- every refusal of a decided call leaves a receipt (issue 43) ---------------------------------
+
+BIG = {"order_id": "o9", "amount_cents": 9000}  # approve
+SMALL = {"order_id": "o9", "amount_cents": 1}  # allow, the same key
+
+
+def _attempt(h: Harness, answer: dict[str, Any]) -> tuple[Any, list[tuple[str, dict[str, Any]]]]:
+    """The one receipt and the events of the attempt ``answer`` names, after checking that
+    ``ctrlrun inspect <action_id>`` tells it and that the chain still verifies."""
+    action_id = answer["error"]["data"]["action_id"]
+    (receipt,) = h.store.receipts_for(action_id=action_id)
+    events = [(e.type.value, dict(e.data)) for e in h.store.events_for(action_id=action_id)]
+    story = inspect_story(h.store, action_id)
+    assert story[0]["kind"] == "action" and story[0]["action_id"] == action_id
+    assert receipt.receipt_id in [d["receipt_id"] for d in story if d["kind"] == "receipt"]
+    assert verify_chain(h.store).ok
+    return receipt, events
+
+
+def _types(events: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    return [kind for kind, _ in events]
+
+
+def test_an_approved_call_repeated_is_a_duplicate_with_a_blocked_receipt(store: Any, clock: Any) -> None:
+    h = Harness(store=store, clock=clock)
+    request_id = h.one("refund", BIG)["error"]["data"]["request_id"]
+    h.store.grant_approval(request_id, "cli:local", events=answer_events("cli:local"))
+    assert "result" in h.one("refund", BIG)
+    again = h.one("refund", BIG)
+    assert code(again) == -41004
+    receipt, events = _attempt(h, again)
+    assert again["error"]["data"] == {"error": "ctrlrun.duplicate_effect", "action": "mcp.pay.refund",
+                                      "action_id": receipt.action_id, "effect_key": "refund:o9",
+                                      "state": "committed"}  # fmt: skip
+    assert str(receipt.result) == "blocked" and receipt.effect_key == "refund:o9"
+    assert _types(events) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "EFFECT_RESERVATION_REFUSED"]
+    assert events[-1][1] == {"reason": "duplicate", "state": "committed"}
+    assert h.store.pending_approvals() == () and len(h.upstream.received) == 1
+
+
+def test_a_key_committed_while_a_request_waits_is_a_duplicate_with_a_blocked_receipt(store: Any, clock: Any) -> None:
+    h = Harness(store=store, clock=clock)
+    request_id = h.one("refund", BIG)["error"]["data"]["request_id"]
+    assert "result" in h.one("refund", SMALL)  # allowed: the key is committed
+    answer = h.one("refund", BIG)
+    assert code(answer) == -41004 and answer["error"]["data"]["state"] == "committed"
+    receipt, _ = _attempt(h, answer)
+    assert str(receipt.result) == "blocked"
+    assert [r.approval_id for r in h.store.pending_approvals()] == [request_id]  # nobody else asked
+
+
+def test_an_ambiguous_key_refuses_an_approve_call_with_a_blocked_receipt(store: Any, clock: Any) -> None:
+    h = Harness(store=store, clock=clock)
+    h.upstream.script = [lambda r: Broken(Transport.AFTER_REQUEST_SENT, "connection reset")]
+    assert code(h.one("refund", SMALL)) == -41010
+    answer = h.one("refund", BIG)
+    assert code(answer) == -41005
+    receipt, events = _attempt(h, answer)
+    assert answer["error"]["data"] == {"error": "ctrlrun.ambiguous_effect", "action": "mcp.pay.refund",
+                                       "action_id": receipt.action_id, "effect_key": "refund:o9"}  # fmt: skip
+    assert str(receipt.result) == "blocked"
+    assert events[-1] == ("EFFECT_RESERVATION_REFUSED", {"reason": "ambiguous"})
+    assert h.store.pending_approvals() == () and len(h.upstream.received) == 1
+
+
+def test_a_denied_request_repeated_leaves_a_denied_receipt_each_time(store: Any, clock: Any) -> None:
+    h = Harness(store=store, clock=clock)
+    request_id = h.one("refund", BIG)["error"]["data"]["request_id"]
+    h.store.deny_approval(request_id, "cli:local", events=answer_events("cli:local"))
+    answers = [h.one("refund", BIG), h.one("refund", BIG)]
+    for answer in answers:
+        receipt, events = _attempt(h, answer)
+        assert answer["error"]["data"] == {"error": "ctrlrun.approval_denied", "action": "mcp.pay.refund",
+                                           "action_id": receipt.action_id, "request_id": request_id}  # fmt: skip
+        assert code(answer) == -41003
+        assert (str(receipt.result), str(receipt.decision)) == ("denied", "approve")
+        assert (receipt.approval_id, receipt.approver) == (request_id, "cli:local")
+        assert _types(events) == ["ACTION_PROPOSED", "POLICY_EVALUATED", "APPROVAL_DENIED", "ACTION_DENIED"]
+        assert events[-1][1] == {"reason": "approval_denied"}
+    told = [d["action_id"] for d in inspect_story(h.store, request_id) if d["kind"] == "action"]
+    assert all(a["error"]["data"]["action_id"] in told for a in answers)
+    assert h.store.pending_approvals() == () and h.upstream.received == []
+
+
+def test_an_identical_request_still_pending_is_named_again_and_leaves_no_trace() -> None:
+    h = Harness()
+    request_id = h.one("refund", BIG)["error"]["data"]["request_id"]
+    again = h.one("refund", BIG)
+    assert code(again) == -41002 and again["error"]["data"]["request_id"] == request_id
+    assert h.store.events_for(action_id=again["error"]["data"]["action_id"]) == ()
+    assert h.receipts() == []

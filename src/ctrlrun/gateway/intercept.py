@@ -2,7 +2,10 @@
 
 The order is fixed: shape, principal, arguments, action, effect key, decision, schema
 pre-flight, approval, then one forward through ``Control`` (execute = forward) classified only
-from what the gateway observed. A refusal ends the call and nothing is forwarded.
+from what the gateway observed. A refusal ends the call and nothing is forwarded. The Control
+records every refusal of a decided call (its events and receipt); the gateway answers by itself
+only what is no attempt yet (shape, principal, arguments), a failed schema pre-flight and an
+identical request still pending, none of which leaves a receipt.
 """
 
 from __future__ import annotations
@@ -168,8 +171,11 @@ class Interceptor:
         raise _Refused(answers.no_principal(principal))
 
     def _before_asking(self, action: Action, effect_key: str | None, answers: Answers) -> str | None:
-        """Reuse a granted approval, or refuse without a new request: denied, the key already
-        settled, or an identical request still pending. Reads only; ``None`` means ask."""
+        """The approval to present for an ``approve`` decision: a granted one to spend, or the
+        denied request so that the Control records the denial. ``None``
+        runs without one: the Control refuses a settled key with its ``blocked`` receipt, or asks
+        a human. Only an identical request still pending is answered here, with no receipt:
+        waiting for a human is not an outcome. Reads only."""
         store: Any = self._control.store
         digest = action.action_hash
         granted = store.find_granted_approval(digest)
@@ -177,13 +183,11 @@ class Interceptor:
             return str(granted.approval_id)
         denied = store.find_denied_request(digest)
         if denied is not None:
-            raise _Refused(answers.approval_denied(denied.request_id))
+            return str(denied.request_id)
         if effect_key is not None:
             record = store.get_effect(effect_key)
             if record is not None and record.state.value in ("committed", "ambiguous"):
-                if record.state.value == "committed":
-                    raise _Refused(answers.duplicate(effect_key, "committed"))
-                raise _Refused(answers.ambiguous(effect_key))
+                return None  # the Control refuses it, with its receipt, before it asks anyone
         now = self._control.clock()
         for record in store.approvals_for(digest):
             if record.status is ApprovalStatus.PENDING and record.request.expires_at > now:
@@ -227,7 +231,7 @@ class Interceptor:
                 log.error("the outcome of %s could not be recorded: %s", action.name, refusal)
                 self._relay(Verdict("ambiguous", verdict.relay, verdict.detail, verdict.silent), target, None, answers, action)
                 return
-            reply(self._refusal(refusal, answers))
+            reply(self._refusal(refusal, answers, approval_id))
             return
         assert isinstance(value, Verdict)
         self._relay(value, seen[-1][1], receipt, answers, action)
@@ -245,10 +249,14 @@ class Interceptor:
             return
         reply(answers.with_receipt(verdict.relay, receipt, verdict.state))
 
-    def _refusal(self, refusal: CTRLRunError, answers: Answers) -> dict[str, Any]:
+    def _refusal(self, refusal: CTRLRunError, answers: Answers, approval_id: str | None) -> dict[str, Any]:
+        """The client's answer to a refusal the Control recorded; ``approval_id`` is the
+        approval presented (a denied request answers ``-41003`` naming it)."""
         if isinstance(refusal, AuthorityDenied):
             return answers.unauthorized(refusal.reason, refusal.grant_id)
         if isinstance(refusal, ActionDenied):
+            if refusal.reason == "approval_denied" and approval_id is not None:
+                return answers.approval_denied(approval_id)
             return answers.denied(refusal.reason)
         if isinstance(refusal, ApprovalRequired):
             record = self._control.store.get_approval(refusal.request_id)
