@@ -94,6 +94,21 @@ def test_a_consumed_request_cannot_be_answered(project):
     assert result.code == 1 and f"{request_id} is already consumed" in result.err
 
 
+@pytest.mark.parametrize("edit", [["--set", "amount=10000000"], ["--set", "amount=400000"]])
+def test_an_edit_of_a_consumed_request_says_it_is_consumed(project, edit):
+    """Whether or not the policy would allow the edited action, an answered request is not
+    "pending": the refusal names what it is."""
+    (project.directory / "ctrlrun.yaml").write_bytes((ROOT / "ctrlrun.yaml").read_bytes())
+    request_id = project.request(payment_id="txn_2", amount=500_000)
+    invoke(["approve", request_id], clock=project.clock)
+    project.call(payment_id="txn_2", amount=500_000, approval=request_id)
+    before = len(_events(project))
+    result = invoke(["approve", request_id, *edit], clock=project.clock)
+    assert result.code == 1 and f"{request_id} is already consumed" in result.err, result.err
+    assert "pending" not in result.err and len(_events(project)) == before
+    assert project.store.get_approval(request_id).status is ApprovalStatus.CONSUMED
+
+
 @pytest.mark.parametrize("command", ["approve", "deny"])
 def test_past_its_expiry_it_is_marked_expired_and_nothing_is_granted(project, command):
     request_id = project.request(payment_id="txn_2", amount=500_000)

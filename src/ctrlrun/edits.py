@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .action import check_value
-from .approvals import Approval, ApprovalRecord
+from .approvals import Approval, ApprovalRecord, ApprovalStatus
 from .errors import ActionDenied, ApprovalMismatch, InvalidArgument
 from .policy import Decision, Policy
 
@@ -51,14 +51,19 @@ def grant_with_edits(
 ) -> tuple[Approval, ApprovalRecord]:
     """Grant ``request_id`` for the same action with ``arguments`` instead, if the policy allows it.
 
-    The edited action is re-evaluated: a ``deny`` refuses the edit (``ActionDenied`` naming the
-    policy's reason; the request stays pending). Otherwise the human's approval is bound to the
+    A request answered already (granted, denied, consumed, expired) refuses the edit
+    (``ApprovalMismatch`` with its status as the reason). The edited action is re-evaluated: a
+    ``deny`` refuses the edit (``ActionDenied`` naming the policy's reason; the request stays
+    pending). Otherwise the human's approval is bound to the
     edited action's hash; the original arguments can never run on it. ``events`` are the
     grant's (``ctrlrun.answers.answer_events``), written in its transaction.
     """
     record = store.get_approval(request_id)
     if record is None:
         raise ApprovalMismatch(f"no approval request {request_id}", reason="unknown", approval_id=request_id)
+    if record.status is not ApprovalStatus.PENDING:  # answered already: nothing to edit
+        raise ApprovalMismatch(f"approval request {request_id} is already {record.status.value}",
+                               reason=record.status.value, approval_id=request_id)  # fmt: skip
     original = record.request.action
     edited = original.replace(arguments=arguments)
     evaluation = policy.evaluate(edited)
