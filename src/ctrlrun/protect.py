@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from datetime import timedelta
@@ -16,7 +17,7 @@ from ._steps import GIVE_WAY, Steps, drive, drive_async
 from ._settings import _Options
 from ._steps import call as blocking
 from .action import Action, new_action
-from .errors import ActionDenied, ApprovalRequired, EffectKeyError, InvalidArgument
+from .errors import ActionDenied, ApprovalMismatch, ApprovalRequired, EffectKeyError, InvalidArgument
 from .policy.templates import (
     plain_effect_key,
     render_effect_key,
@@ -244,13 +245,25 @@ class _Protected:
         return call._replace(action=action, effect_key=effect_key, effect_error=effect_error)
 
     def steps(self, call: _Call, evaluation: Any = None) -> Steps[Any]:
-        """The whole call, sync or async alike; with ``wait=True``, ask a human and go on."""
+        """The whole call, sync or async alike; with ``wait=True``, ask a human and go on (a
+        granted approval of the identical action is spent instead of asking again)."""
+        if self.wait and _ambient.presented_approval() is None:
+            granted = yield blocking(_granted_for, call.control, call.action, evaluation)
+            if granted is not None:
+                try:
+                    with _ambient.with_approval(granted):
+                        return (yield from self.attempt(call, evaluation))
+                except ApprovalMismatch as lost:
+                    if lost.reason not in ("consumed", "expired"):
+                        raise
+                    log.info("approval %s was spent or expired meanwhile; asking again", granted)
         try:
             return (yield from self.attempt(call, evaluation))
         except ApprovalRequired as required:
             if not self.wait:
                 raise
             request_id = required.request_id
+            _announce_wait(self.name, request_id)
             approval = yield blocking(call.control.approvals.wait, request_id, None)
             if approval is not None and approval.edited_from == call.action.action_hash:
                 record = yield blocking(call.control.store.get_approval, request_id)
@@ -308,6 +321,49 @@ class _Protected:
             control = cached_control() or await _to_thread(default_control)
         assert control is not None
         return await drive_async(self.steps(self.prepare(control, args, kwargs)))
+
+
+def _granted_for(control: Control, action: Action, evaluation: Any) -> str | None:
+    """A granted, unexpired approval of exactly this action (a call restarted after its
+    request was approved), when the policy asks for one; ``None`` otherwise."""
+    from .policy import Decision
+
+    decided = evaluation if evaluation is not None else control.policy.evaluate(action)
+    if decided.decision is not Decision.APPROVE:
+        return None
+    finder = getattr(control.store, "find_granted_approval", None)  # a store of another make may lack it
+    granted = None if finder is None else finder(action.action_hash)
+    return None if granted is None else str(granted.approval_id)
+
+
+def _announce_wait(name: str, request_id: str) -> None:
+    """Say once that a call waits for a human, and the command that answers it: a ``logging``
+    warning, and a line on an interactive stderr that the log would not reach already."""
+    message = (f"action {name!r} is waiting for a human: approve it with `ctrlrun approve "
+               f"{request_id}` (or refuse it with `ctrlrun deny {request_id}`)")  # fmt: skip
+    log.warning("%s", message)
+    stderr = sys.stderr
+    if stderr is not None and stderr.isatty() and not _logged_to(stderr):
+        print(f"ctrlrun: {message}", file=stderr, flush=True)
+
+
+def _logged_to(stream: Any) -> bool:
+    """Whether a warning on the ``ctrlrun`` logger is written to ``stream`` (by a handler on
+    the way to the root, or by ``logging.lastResort`` when there is none)."""
+    if not log.isEnabledFor(logging.WARNING):
+        return False
+    logger: logging.Logger | None = log
+    found = False
+    while logger is not None:
+        for handler in logger.handlers:
+            found = True
+            if isinstance(handler, logging.StreamHandler) and handler.stream is stream:
+                return handler.level <= logging.WARNING
+        logger = logger.parent if logger.propagate else None
+    if not found:
+        last = logging.lastResort
+        return last is not None and last.level <= logging.WARNING and stream is sys.stderr
+    return False
 
 
 def protect(
