@@ -4,14 +4,14 @@
     python main.py --reject    # the support lead rejects it
 
 Runs offline: a scripted Model stands in for the LLM; the SDK's approval machinery is real.
-State lives in .ctrlrun/state.db, so a second run refunds nothing again; delete that directory to
-start over.
+State lives in .ctrlrun/state.db, so a second run refunds nothing again and asks nobody; delete
+that directory to start over.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from typing import Any
 
 from agents import Agent, set_tracing_disabled
@@ -28,8 +28,6 @@ from openai.types.responses import (
 from ctrlrun import ActionDenied, Control, DuplicateEffect, Policy, SQLiteStateStore, protect
 from ctrlrun.adapter import InterruptApprovalProvider
 from ctrlrun.identity import StaticIdentityProvider
-
-set_tracing_disabled(True)  # offline: no trace export
 
 
 class ScriptedModel(Model):
@@ -54,28 +52,27 @@ class ScriptedModel(Model):
         raise NotImplementedError
 
 
-store = SQLiteStateStore(".ctrlrun/state.db")
-control = Control(Policy.from_file("ctrlrun.yaml"), store,
-                  InterruptApprovalProvider(store, AgentsInterrupt()),
-                  identity=StaticIdentityProvider("support-agent"))
-
 stripe_calls: list[str] = []  # what the (fake) payment provider was asked to do
 
 
-@protect("stripe.refund", effect="refund:{payment_id}", wait=True, control=control)
-def refund(payment_id: str, amount: int) -> str:
-    stripe_calls.append(payment_id)
-    return f"re_{payment_id}"
+def refund_tool_for(control: Control) -> Any:
+    """The agent's ``refund`` tool: a protected refund, gated by the policy before each call."""
+
+    @protect("stripe.refund", effect="refund:{payment_id}", wait=True, control=control)
+    def refund(payment_id: str, amount: int) -> str:
+        stripe_calls.append(payment_id)
+        return f"re_{payment_id}"
+
+    def refund_tool(payment_id: str, amount: int) -> str:
+        """Refund a payment. The amount is in integer cents."""
+        return refund(payment_id=payment_id, amount=amount)
+
+    return protected_tool(control, "stripe.refund", refund_tool, name_override="refund")
 
 
-def refund_tool(payment_id: str, amount: int) -> str:
-    """Refund a payment. The amount is in integer cents."""
-    return refund(payment_id=payment_id, amount=amount)
-
-
-def conversation(payment_id: str, amount: int, approve: bool) -> None:
-    agent = Agent(name="support", instructions="Help customers with refunds.",
-                  tools=[protected_tool(control, "stripe.refund", refund_tool, name_override="refund")],
+def conversation(tool: Any, payment_id: str, amount: int, approve: bool) -> None:
+    """One customer asks for one refund; a pause, if any, is answered by the support lead."""
+    agent = Agent(name="support", instructions="Help customers with refunds.", tools=[tool],
                   model=ScriptedModel(payment_id, amount))
     try:
         result = run_sync(agent, f"Please refund {payment_id}.")
@@ -93,11 +90,28 @@ def conversation(payment_id: str, amount: int, approve: bool) -> None:
         print(f"{payment_id}: not run again ({duplicate.state})")
 
 
-if __name__ == "__main__":
-    approve = "--reject" not in sys.argv[1:]
-    conversation("txn_1", 40_000, approve)       # EUR 400: allowed, nobody asked
-    conversation("txn_2", 250_000, approve)      # EUR 2,500: the support lead decides
+def main(argv: list[str] | None = None) -> None:
+    """Parse the options first (``--help`` and a wrong option touch nothing), then run."""
+    parser = argparse.ArgumentParser(
+        description="A support agent refunds two payments; the EUR 2,500 one needs the support "
+        "lead's approval through the Agents SDK. Offline; state in .ctrlrun/state.db.")  # fmt: skip
+    parser.add_argument("--reject", action="store_true",
+                        help="the support lead rejects the EUR 2,500 refund (default: approves)")
+    approve = not parser.parse_args(argv).reject
+
+    set_tracing_disabled(True)  # offline: no trace export
+    store = SQLiteStateStore(".ctrlrun/state.db")
+    control = Control(Policy.from_file("ctrlrun.yaml"), store,
+                      InterruptApprovalProvider(store, AgentsInterrupt()),
+                      identity=StaticIdentityProvider("support-agent"))
+    tool = refund_tool_for(control)
+    conversation(tool, "txn_1", 40_000, approve)       # EUR 400: allowed, nobody asked
+    conversation(tool, "txn_2", 250_000, approve)      # EUR 2,500: the support lead decides
     print(f"stripe was called for: {', '.join(stripe_calls) or 'nothing'}")
     for receipt in store.receipts():
         print(f"receipt {receipt.action} {receipt.arguments['payment_id']}: "
               f"{receipt.decision}/{receipt.result} approver={receipt.approver}")
+
+
+if __name__ == "__main__":
+    main()

@@ -28,9 +28,9 @@ from .approvals import (
     build_request,
 )
 from .answers import answer_events
-from .effect import check_line_text
-from .errors import ApprovalMismatch, ApprovalTimeout, CTRLRunError, InvalidArgument
-from .policy import Decision, render_resource
+from .effect import EffectState, check_line_text, plan_reservation
+from .errors import ApprovalMismatch, ApprovalTimeout, CTRLRunError, EffectKeyError, InvalidArgument
+from .policy import Decision, render_effect_key, render_resource
 
 __all__ = [
     "OBSERVE_BANNER",
@@ -407,14 +407,17 @@ def needs_approval(
     arguments: Mapping[str, Any],
     *,
     resource: str | None = None,
+    effect: str | None = None,
     task: str | None = None,
     hop: str | None = None,
 ) -> bool:
     """``True`` iff ``control`` would ask a human for this call; writes nothing.
 
     For frameworks that decide before invoking a tool. A **deny** is ``False`` on purpose: the
-    tool then runs into ``Control.execute``, which refuses it with a receipt. Identity errors
-    propagate.
+    tool then runs into ``Control.execute``, which refuses it with a receipt. So is an approve
+    that ``Control`` refuses before asking anyone: its effect key (``effect``, a
+    template over ``arguments``, else the policy's ``effect:``) cannot be reserved now, so no
+    human is asked about a call that cannot run. Identity errors propagate.
     """
     if not isinstance(action, str) or not action.strip():
         raise InvalidArgument(f"needs_approval needs a non-empty action name, got {action!r}")
@@ -423,12 +426,49 @@ def needs_approval(
             f"needs_approval({action!r}): arguments must be a mapping, got "
             f"{type(arguments).__name__}"
         )
+    if effect is not None and (not isinstance(effect, str) or not effect):
+        raise InvalidArgument(
+            f"needs_approval({action!r}): effect= must be a non-empty template, got {effect!r}"
+        )
     principal = control.resolve_principal(action)
     template = resource if resource is not None else control.policy.resource_template(action)
     rendered = render_resource(template, arguments) if template is not None else None
     proposal = Action(action, arguments, principal, rendered, environment=control.environment)
     evaluation = control.evaluate(proposal, task=task, hop=hop)
-    return evaluation.decision is Decision.APPROVE
+    if evaluation.decision is not Decision.APPROVE:
+        return False
+    return not _refused_before_asking(control, proposal, effect)
+
+
+def _refused_before_asking(control: Any, action: Action, effect: str | None = None) -> bool:
+    """Whether ``control`` would refuse this approve-decided ``action`` before asking a human.
+
+    It would when the effect key (``effect``, else the policy's template) cannot be rendered, or
+    when its record, judged now by the reservation table, is ``committed``, ``ambiguous``, held
+    under a live lease or ``executing`` under a lapsed one, or ``failed`` with its next attempt
+    over ``max_attempts``. Reads one effect record and writes nothing: the refusal itself, with
+    its events and receipt, is ``Control``'s when the call is made.
+    """
+    template = effect if effect is not None else control.policy.effect_template(action.name)
+    if template is None:
+        return False  # no key: nothing to judge
+    try:
+        key = render_effect_key(template, action.canonical_arguments, action.resource)
+        record = control.store.get_effect(key)
+        if record is None:
+            return False
+        plan = plan_reservation(
+            record, key, action.action_id, control.lease, control.clock(),
+            state=EffectState.EXECUTING, action_hash=action.action_hash,
+        )  # fmt: skip
+    except (EffectKeyError, InvalidArgument):  # Control refuses such a key before asking anyone
+        return True
+    if plan.kind in ("refuse", "keep_then_refuse"):
+        return True
+    from ._ceiling import over_ceiling
+
+    ceiling = control.policy.max_attempts(action.name)
+    return record.state is EffectState.FAILED and over_ceiling(record.attempt + 1, ceiling)
 
 
 _bannered: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -1,8 +1,9 @@
 """ctrlrun for the OpenAI Agents SDK: the SDK's own tool approval answers ctrlrun's request.
 
 The SDK decides before invoking a tool: ``protected_tool`` installs a ``needs_approval``
-predicate (``approval_gate``) that asks ctrlrun's policy whether a human is needed; the run then
-stops with a ``ToolApprovalItem`` and the caller answers with ``state.approve(item)`` or
+predicate (``approval_gate``) that asks ctrlrun whether a human is needed (the policy says
+approve and the call's effect key can still be reserved); the run then stops with a
+``ToolApprovalItem`` and the caller answers with ``state.approve(item)`` or
 ``state.reject(item)``. On the resumed run the tool body calls the ``@protect(..., wait=True)``
 function; ``AgentsInterrupt`` reads the SDK's recorded decision for **this** tool call and hands
 it to ctrlrun's ``InterruptApprovalProvider``, which records it. It asks nobody and grants
@@ -148,7 +149,8 @@ class AgentsInterrupt:
                 f"action {pending.action!r} needs approval, but the Agents SDK holds no "
                 f"approval or rejection for exactly this call ({call}): the gate did not ask "
                 "(its arguments differed from the protected call's, e.g. defaulted parameters "
-                "or a decorator-only resource) or the tool was approved with "
+                "or a decorator-only resource, or the effect key was held by another attempt "
+                "when it asked) or the tool was approved with "
                 "always_approve=True, which ctrlrun never takes as an answer" + left
             )
         invocation.answered = request_id
@@ -169,23 +171,28 @@ def _check_action(action: Any, where: str) -> None:
 
 
 def approval_gate(
-    control: Control, action: str, *, resource: str | None = None
+    control: Control, action: str, *, resource: str | None = None, effect: str | None = None
 ) -> Callable[[Any, Mapping[str, Any], str], Any]:
-    """The SDK ``needs_approval`` predicate: ``True`` iff ctrlrun's policy wants a human.
+    """The SDK ``needs_approval`` predicate: ``True`` iff ctrlrun would ask a human.
 
     Writes nothing. A policy **deny** answers ``False`` so the tool runs into ``Control`` and is
-    refused there with a receipt. Observe mode answers ``False`` (no human is asked).
+    refused there with a receipt; so does a call whose effect key (``effect``, else the policy's
+    ``effect:`` template) cannot be reserved now (committed, ambiguous, held by another attempt):
+    ``Control`` refuses it without asking, so the SDK must not ask either. Observe mode answers
+    ``False`` (no human is asked).
     """
     _check_control(control, "approval_gate")
     _check_action(action, "approval_gate")
     if resource is not None and not isinstance(resource, str):
         raise InvalidArgument(f"approval_gate({action!r}): resource= must be a string template")
+    if effect is not None and (not isinstance(effect, str) or not effect):
+        raise InvalidArgument(f"approval_gate({action!r}): effect= must be a non-empty template")
     banner(control)
 
     async def gate(run_context: Any, params: Mapping[str, Any], call_id: str) -> bool:
         if observing(control):
             return False
-        return needs_approval(control, action, dict(params), resource=resource)
+        return needs_approval(control, action, dict(params), resource=resource, effect=effect)
 
     gate.__name__ = f"ctrlrun_gate_{action}"
     gate.__qualname__ = gate.__name__
@@ -225,6 +232,7 @@ def protected_tool(
     function: Callable[..., Any],
     *,
     resource: str | None = None,
+    effect: str | None = None,
     **options: Any,
 ) -> Any:
     """``agents.function_tool(function, **options)`` gated by ctrlrun's policy for ``action``.
@@ -232,6 +240,8 @@ def protected_tool(
     ``failure_error_function`` defaults to ``None`` so ctrlrun's refusals fail the run (use
     ``run``/``run_sync`` or ``unwrap`` to get them back as themselves); a caller supplying one
     must re-raise ``CTRLRunError``. ``needs_approval=`` is refused: the gate is the policy.
+    ``resource=`` / ``effect=`` are the templates the gate renders over the tool's arguments
+    when the protected call declares them on ``@protect`` only (the policy's are used otherwise).
     """
     if "needs_approval" in options:
         raise InvalidArgument(
@@ -240,7 +250,7 @@ def protected_tool(
         )
     if not callable(function):
         raise InvalidArgument(f"protected_tool({action!r}): function must be callable")
-    gate = approval_gate(control, action, resource=resource)
+    gate = approval_gate(control, action, resource=resource, effect=effect)
     options.setdefault("failure_error_function", None)
     from agents import function_tool
 
