@@ -74,3 +74,43 @@ def test_effects_default_page_is_100(project):
     assert len(invoke(["effects"], clock=project.clock).lines) == 100
     assert len(invoke(["effects", "--all"], clock=project.clock).lines) == 103
     assert len(invoke(["effects", "--all", "--json"], clock=project.clock).lines) == 103
+
+
+# one convention for every listing: --limit N and --all, --json said to be JSON Lines
+
+
+@pytest.mark.parametrize("command", [["receipts"], ["effects"], ["pending"]])
+def test_every_listing_takes_limit_and_all(busy, command):
+    busy.request(payment_id="txn_big1", amount=200_000)
+    busy.request(payment_id="txn_big2", amount=200_000)
+    every = invoke([*command, "--all"], clock=busy.clock)
+    assert every.code == 0, every.err
+    assert len(every.lines) >= 2
+    for n in (1, 2):
+        page = invoke([*command, "--limit", str(n)], clock=busy.clock)
+        assert page.code == 0 and page.lines == every.lines[:n], page.err
+    both = invoke([*command, "--limit", "1", "--all"], clock=busy.clock)
+    assert both.code == 2 and "--limit N or --all" in both.err
+
+
+def test_receipts_limit_pages_a_since_listing_but_not_last(busy):
+    full = invoke(["receipts"], clock=busy.clock).lines
+    assert invoke(["receipts", "--from-seq", "3", "--limit", "2"], clock=busy.clock).lines == full[2:4]
+    assert invoke(["receipts", "--last", "2", "--limit", "1"], clock=busy.clock).code == 2
+
+
+def test_a_full_default_page_of_effects_says_so_on_stderr(project):
+    from ctrlrun.cli.commands_effects import DEFAULT_LIMIT
+
+    for i in range(DEFAULT_LIMIT + 1):
+        project.call(payment_id=f"p{i:03}", amount=100)
+    page = invoke(["effects"], clock=project.clock)
+    assert len(page.lines) == DEFAULT_LIMIT and "--all" in page.err and "100" in page.err
+    assert invoke(["effects", "--all"], clock=project.clock).err == ""
+    assert invoke(["effects", "--limit", str(DEFAULT_LIMIT)], clock=project.clock).err == ""
+
+
+@pytest.mark.parametrize("command", [["receipts"], ["effects"], ["pending"], ["inspect"], ["hold", "list"]])
+def test_json_is_said_to_be_json_lines(command):
+    text = " ".join(invoke([*command, "--help"]).out.split())
+    assert "JSON Lines" in text and "not one JSON array" in text, text

@@ -21,6 +21,7 @@ from ..policy import Policy
 from ..receipt import JSONLEventSink
 from ..store import open_store_url
 from .commands_stats import observe_banner
+from .options import json_lines_option
 from .stores import Settings, open_operator_store, select_store_url, store_url_option
 from .text import compact_json, say, say_raw
 
@@ -185,7 +186,7 @@ def _budgets_of(control: Control, grant_id: str) -> Any:
 @click.command()
 @click.argument("ident", metavar="[ID]", required=False)
 @click.option("--grant", "grant_id", metavar="ID", help="The grant (root id or dlg_ id).")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_lines_option("each part of the story (the action, the request, the effect, each receipt)")
 @store_url_option
 @click.pass_obj
 def inspect(settings: Settings, ident: str | None, grant_id: str | None, as_json: bool,

@@ -14,6 +14,7 @@ from ..errors import CTRLRunError, InvalidArgument
 from ..answers import resolve_events
 from ..store import StateStore
 from .commands_approvals import CLI_ANSWERER
+from .options import check_paging, json_lines_option, more_hint, paging_options
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
 
@@ -102,28 +103,30 @@ def _effect_document(record: EffectRecord, now: datetime) -> dict[str, Any]:
 @click.option("--state", "state", type=click.Choice([s.value for s in EffectState]),
               help="Only effects in this state.")  # fmt: skip
 @click.option("--key-prefix", "key_prefix", metavar="P", help="Only keys starting with P (literally).")
-@click.option("--limit", type=click.IntRange(min=1), metavar="N",
-              help=f"At most N effects (default {DEFAULT_LIMIT}).")  # fmt: skip
-@click.option("--all", "every", is_flag=True, help="Every matching effect, streamed.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per effect, one per line.")
+@paging_options("a page of 100")
+@json_lines_option("each effect record")
 @store_url_option
 @click.pass_obj
-def effects(settings: Settings, state: str | None, key_prefix: str | None, limit: int | None,
-            every: bool, as_json: bool, store_url: str | None) -> None:  # fmt: skip
+def effects(settings: Settings, state: str | None, key_prefix: str | None, as_json: bool,
+            limit: int | None, every: bool, store_url: str | None) -> None:  # fmt: skip
     """List effect records in creation order, a page of 100 unless --limit or --all."""
-    if every and limit is not None:
-        raise click.UsageError("give --limit N or --all, not both")
+    check_paging(limit, every)
     now = settings.clock()
+    # the default page reads one more row, to say on stderr that there are more
+    page = None if every else (limit if limit is not None else DEFAULT_LIMIT + 1)
     with open_operator_store(settings, store_url, read_only=True) as store:
         if state == EffectState.NEW.value:
             records: Any = iter(())
         else:
-            records = store.iter_effects(state, key_prefix, None if every else limit or DEFAULT_LIMIT)
-        printed = False
+            records = store.iter_effects(state, key_prefix, page)
+        printed = 0
         for record in records:
             if reader_gone():
                 return
-            printed = True
+            if printed == DEFAULT_LIMIT and page == DEFAULT_LIMIT + 1:
+                more_hint(DEFAULT_LIMIT)
+                break
+            printed += 1
             _print_effect(store, record, now, as_json)
     if not printed:
         if key_prefix:

@@ -15,6 +15,7 @@ from ..effect import EffectState
 from ..errors import CTRLRunError, EffectKeyError
 from ..policy import Policy, render_effect_key
 from ..store import StateStore
+from .options import check_paging, json_lines_option, paging_options
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
 
@@ -80,13 +81,15 @@ def _pending_line(record: ApprovalRecord, key: str | None, state: str | None) ->
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_lines_option("each pending request")
+@paging_options("every pending request is printed")
 @store_url_option
 @click.pass_obj
-def pending(settings: Settings, as_json: bool, store_url: str | None) -> None:
+def pending(settings: Settings, as_json: bool, limit: int | None, every: bool, store_url: str | None) -> None:
     """List approval requests waiting for a human, oldest first, with each one's effect state."""
+    check_paging(limit, every)
     with open_operator_store(settings, store_url, read_only=True) as store:
-        records = store.pending_approvals()
+        records = store.pending_approvals(limit=limit)
         if not records:
             say_prose("no pending requests", as_json=as_json)
             return

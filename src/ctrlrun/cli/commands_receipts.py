@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -10,6 +11,7 @@ import click
 
 from ..receipt import Receipt, UnreadableReceipt
 from ..store import StateStore
+from .options import check_paging, json_lines_option, paging_options
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, reader_gone, say, say_prose, say_raw
 from .verifying import verify_chain_command
@@ -106,20 +108,27 @@ def _print_rows(store: Any, rows: Iterable[Receipt | UnreadableReceipt], as_json
 @click.option("--since", type=_Moment(), help="Receipts finished at or after TIME (ISO-8601 with offset).")
 @click.option("--from-seq", "from_seq", type=click.IntRange(min=1), metavar="SEQ",
               help="Receipts with seq >= SEQ, to the head.")  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Each stored receipt document as one JSON line.")
+@json_lines_option("each stored receipt document (with --verify-chain: the report, one line)")
+@paging_options("every receipt is printed")
 @click.option("--verify-chain", "check_chain", is_flag=True, help="Check the hash chain instead of listing.")
 @click.option("--since-verified", is_flag=True,
               help="With --verify-chain: check only what follows the store's verified mark.")  # fmt: skip
 @store_url_option
 @click.pass_obj
 def receipts(settings: Settings, last: int | None, since: datetime | None, from_seq: int | None,
-             as_json: bool, check_chain: bool, since_verified: bool, store_url: str | None) -> None:  # fmt: skip
-    """Show receipts in chain order, or check the chain with --verify-chain."""
+             as_json: bool, limit: int | None, every: bool, check_chain: bool, since_verified: bool,
+             store_url: str | None) -> None:  # fmt: skip
+    """Show receipts in chain order (every one, unless --last, --limit, --since or --from-seq
+    picks some), or check the chain with --verify-chain."""
     if check_chain or since_verified:
         verify_chain_command(settings, store_url, check_chain, as_json, since_verified)
         return
     if sum(v is not None for v in (last, since, from_seq)) > 1:
         raise click.UsageError("give at most one of --last, --since and --from-seq")
+    check_paging(limit, every, ("--last N", last))
     with open_operator_store(settings, store_url, read_only=True) as store:
-        paged = last is not None or since is not None or from_seq is not None
-        _print_rows(store, _listing(store, last, since, from_seq), as_json, paged)
+        paged = last is not None or since is not None or from_seq is not None or limit is not None
+        rows = _listing(store, last, since, from_seq)
+        if limit is not None:
+            rows = itertools.islice(rows, limit)
+        _print_rows(store, rows, as_json, paged)

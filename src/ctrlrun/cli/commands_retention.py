@@ -9,6 +9,7 @@ import click
 
 from ..errors import CTRLRunError, InvalidArgument
 from ..retention import Hold, PruneRefused, parse_duration
+from .options import json_lines_option
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
 
@@ -148,7 +149,7 @@ def release(settings: Settings, hold_id: str, by: str, store_url: str | None) ->
 
 
 @hold.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
+@json_lines_option("each hold")
 @store_url_option
 @click.pass_obj
 def list_holds(settings: Settings, as_json: bool, store_url: str | None) -> None:
