@@ -115,7 +115,9 @@ def test_revoke_one_then_again_then_an_unknown_one(team: Path) -> None:
     dlg = created(delegate("lead", child(team, "finance", "finance"), "lead/dana@example.com"))
     first = invoke(["revoke", dlg, "--by", "ops:ada"], clock=lambda: START)
     assert first.lines == [f"revoked {dlg} by ops:ada",
-                           "every delegation beneath it is denied from the next evaluation"]  # fmt: skip
+                           "every delegation beneath it is denied from the next evaluation",
+                           "no live delegation to finance/dana@example.com remains (grants in the "
+                           "policy file are not counted)"]  # fmt: skip
     again = invoke(["revoke", dlg])
     assert again.code == 0
     assert again.lines == [f"{dlg} was already revoked at 2026-11-30T09:00:00.000Z"]
@@ -123,6 +125,29 @@ def test_revoke_one_then_again_then_an_unknown_one(team: Path) -> None:
     assert missing.code == 1 and "no delegation" in missing.err
     events = [json.loads(line)["type"] for line in (team / ".ctrlrun" / "events.jsonl").open(encoding="utf-8")]
     assert events.count("DELEGATION_REVOKED") == 1
+
+
+def test_the_same_delegation_twice_is_refused_naming_the_live_one(team: Path) -> None:
+    grant = child(team, "finance", "finance")
+    first = created(delegate("lead", grant, "lead/dana@example.com"))
+    again = delegate("lead", grant, "lead/dana@example.com")
+    assert again.code == 1 and first in again.err and "already hands this exact grant" in again.err
+    store = SQLiteStateStore(team / ".ctrlrun" / "state.db", migrate=False)
+    try:
+        assert [r.delegation_id for r in store.delegations()] == [first]
+    finally:
+        store.close()
+    assert invoke(["revoke", first]).code == 0
+    replaced = created(delegate("lead", grant, "lead/dana@example.com"))  # revoked: it may be made again
+    assert replaced != first
+
+
+def test_revoke_says_which_delegations_still_authorise_the_agent(team: Path) -> None:
+    small = created(delegate("lead", child(team, "small", "finance", limit=1000), "lead/dana@example.com"))
+    large = created(delegate("lead", child(team, "large", "finance", limit=2000), "lead/dana@example.com"))
+    result = invoke(["revoke", small])
+    assert result.code == 0
+    assert result.lines[-1].startswith(f"1 live delegation to finance/dana@example.com remains: {large}")
 
 
 def test_revoke_selectors_revoke_every_match_and_count_them(team: Path) -> None:
@@ -178,7 +203,7 @@ def test_inspect_and_effects_show_what_is_spent_and_held_until_resolved(team: Pa
         f"grant {dlg}",
         "  amount: 45000 of 50000 per 2 days, 25000 held",
         "    25000 held by refund:p2 (ambiguous)",
-        "      ctrlrun resolve refund:p2 --committed|--failed",
+        "      ctrlrun resolve refund:p2 --committed  # or --failed",
     ]
     as_json = json.loads(invoke(["inspect", "--grant", "lead", "--json"], clock=lambda: START).out)
     assert as_json == {"grant_id": "lead", "budgets": [{

@@ -72,6 +72,14 @@ def delegate(control: Control, parent_id: str, grant: Grant, *, by: Principal, c
     except AuthorityEscalation as refusal:
         _reject(control, parent_id, refusal.reason, refusal.dimension)
         raise
+    same = _identical_live(records, parent_id, grant.to_json(), now)
+    if same is not None:
+        raise InvalidArgument(
+            f"delegation from {parent_id!r} refused: {same.delegation_id} (made "
+            f"{format_ts(same.created_at)} by {same.created_by_agent}) already hands this exact "
+            "grant on and is live; nothing was recorded. Use it, or revoke it first "
+            f"(ctrlrun revoke {same.delegation_id}) to replace it"
+        )
     record = DelegationRecord(
         delegation_id=new_delegation_id(), parent_id=parent_id, depth=depth,
         grant_json=grant.to_json(), created_by_agent=by.agent, created_by_user=by.user,
@@ -85,6 +93,20 @@ def delegate(control: Control, parent_id: str, grant: Grant, *, by: Principal, c
     stored = control.store.put_delegation(record, events=[created])
     fan_out(control.sinks, stored, None)
     return read_delegation(record)
+
+
+def _identical_live(records: Any, parent_id: str, grant_json: str, now: Any) -> DelegationRecord | None:
+    """A delegation of the same grant from the same parent, not revoked and not expired: a
+    second would only be one more thing to revoke."""
+    from .authority import read_delegation
+
+    for record in records:
+        if record.parent_id != parent_id or record.grant_json != grant_json or record.revoked_at is not None:
+            continue
+        expires = read_delegation(record).grant.expires_at
+        if expires is None or expires > now:
+            return record  # type: ignore[no-any-return]
+    return None
 
 
 def revoke(control: Control, delegation_id: str, *, by: str | None) -> bool:

@@ -22,7 +22,7 @@ from ..receipt import JSONLEventSink
 from ..store import open_store_url
 from .commands_stats import observe_banner
 from .options import json_lines_option
-from .stores import Settings, open_operator_store, select_store_url, store_url_option
+from .stores import Settings, hint_store_option, open_operator_store, select_store_url, store_url_option
 from .text import compact_json, say, say_raw
 
 __all__ = ["delegate", "inspect", "revoke", "window_text"]
@@ -91,7 +91,7 @@ def delegate(settings: Settings, parent_id: str, grant_file: Path, as_: str, as_
         return
     say(f"created {made.delegation_id}")
     say(f"parent {made.parent_id} at depth {made.depth}")
-    say(f"revoke it with: ctrlrun revoke {made.delegation_id}")
+    say(f"revoke it with: ctrlrun revoke {made.delegation_id}{hint_store_option(store_url)}")
 
 
 def _beneath(store: Any, root: str) -> list[Any]:
@@ -130,6 +130,7 @@ def revoke(settings: Settings, delegation_id: str | None, created_by: str | None
             if control.revoke(delegation_id, by=by):
                 say(f"revoked {delegation_id} by {by}")
                 say("every delegation beneath it is denied from the next evaluation")
+                say(_remaining(store, record, settings.clock()))
             else:
                 again = store.get_delegation(delegation_id)
                 at = again.revoked_at if again is not None else record.revoked_at
@@ -156,6 +157,35 @@ def revoke(settings: Settings, delegation_id: str | None, created_by: str | None
         already = len(matched) - revoked
         say(f"revoked {revoked} of {len(matched)} matching {selector} {value}; {already} already revoked")
         say("every delegation beneath them is denied from the next evaluation")
+
+
+def _remaining(store: Any, revoked: Any, now: Any) -> str:
+    """How many live delegations still hand a grant to the revoked one's subject, named."""
+    from ..authority import read_delegation
+
+    subject = read_delegation(revoked).grant
+    who = "/".join(p for p in (subject.agent, subject.user) if p) or "?"
+    every = {r.delegation_id: r for r in store.delegations(include_revoked=True)}
+
+    def alive(record: Any) -> bool:  # neither it nor a delegation above it revoked
+        while record is not None:
+            if record.revoked_at is not None:
+                return False
+            record = every.get(record.parent_id)
+        return True
+
+    live = []
+    for record in every.values():
+        grant = read_delegation(record).grant
+        if (grant.agent, grant.user) == (subject.agent, subject.user) and alive(record) and (
+            grant.expires_at is None or grant.expires_at > now
+        ):
+            live.append(record.delegation_id)
+    if not live:
+        return f"no live delegation to {who} remains (grants in the policy file are not counted)"
+    named = ", ".join(live[:5]) + (", …" if len(live) > 5 else "")
+    return (f"{len(live)} live delegation{'s' if len(live) != 1 else ''} to {who} remain{'s' if len(live) == 1 else ''}: "
+            f"{named} (revoke each to take {who}'s delegated authority away)")  # fmt: skip
 
 
 def window_text(seconds: int) -> str:
@@ -210,6 +240,7 @@ def _inspect_grant(settings: Settings, grant_id: Any, as_json: bool, store_url: 
     policy = Policy.from_file(policy_path())
     observe_banner(policy)
     now = settings.clock()
+    hint = hint_store_option(store_url)
     with open_operator_store(settings, store_url, read_only=True) as store:
         control = Control(policy, store, clock=settings.clock)
         budgets = _budgets_of(control, grant_id)
@@ -243,4 +274,4 @@ def _inspect_grant(settings: Settings, grant_id: Any, as_json: bool, store_url: 
         for holder in line["holders"]:
             say(f"    {holder['amount']} held by {holder['effect_key']} ({holder['state']})")
             if holder["state"] == EffectState.AMBIGUOUS.value:
-                say(f"      ctrlrun resolve {holder['effect_key']} --committed|--failed")
+                say(f"      ctrlrun resolve {holder['effect_key']} --committed{hint}  # or --failed")

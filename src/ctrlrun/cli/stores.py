@@ -18,7 +18,7 @@ from ..errors import InvalidArgument
 from ..store import StateStore, open_store_url
 from .text import say
 
-__all__ = ["Settings", "open_operator_store", "select_store_url", "store_url_option"]
+__all__ = ["Settings", "hint_store_option", "open_operator_store", "select_store_url", "store_url_option"]
 
 _SQLITE = "sqlite://"
 _SELECTING_VARIABLES = ("CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_CONFIG")
@@ -53,6 +53,27 @@ def select_store_url(option: str | None) -> str:
         if value is not None and not value.strip():
             raise InvalidArgument(f"{name} is set but blank; unset it or give it a value")
     return state_location()
+
+
+def hint_store_option(option: str | None) -> str:
+    """What a printed follow-up command needs to reach the store this one read (`` --store-url
+    sqlite://…``), so that it runs where it is printed even when the store was chosen by an
+    inline variable; empty for the default ``./.ctrlrun/state.db`` and for a Postgres URL (its
+    password is never printed: the follow-up takes it from where this command did)."""
+    url = select_store_url(option)
+    if not url.startswith(_SQLITE):
+        return ""
+    path = Path(url[len(_SQLITE) :])
+    default = Path(".ctrlrun") / "state.db"
+    try:
+        if path.absolute().resolve() == default.absolute().resolve():
+            return ""
+        shown = os.path.relpath(path.absolute(), Path.cwd())
+    except (OSError, ValueError):  # another drive, an unreadable directory: the path as given
+        shown = str(path)
+    import shlex
+
+    return f" --store-url {shlex.quote(_SQLITE + shown)}"
 
 
 def _missing_database(url: str) -> InvalidArgument | None:
