@@ -69,7 +69,7 @@ def test_demo_output(workdir):
         assert all(line.startswith("   ") for line in body)
     one, two, _, four, five = (sections[h] for h in HEADINGS)
     assert "   remote refund calls: 1" in one
-    assert "   only a human moves it on:  ctrlrun resolve refund:txn_1 --committed|--failed" in one
+    assert "   only a human moves it on:  ctrlrun resolve refund:txn_1 --committed --store-url sqlite://.ctrlrun/demo/state.db" in one
     assert any(re.search(APR, line) for line in two)
     assert any(re.fullmatch(rf"   approval {APR} used once  →  consumed", line) for line in four)
     assert str(workdir) not in result.out  # relative paths only

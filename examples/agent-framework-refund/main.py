@@ -10,10 +10,26 @@ refunds nothing again; delete that directory to start over.
 
 from __future__ import annotations
 
+import argparse
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reject", action="store_true",
+                        help="ada@example.com rejects the EUR 2,500 refund in the framework")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":  # first: --help needs no framework installed, and opens no store
+    ARGUMENTS = parse_arguments()
+
 import asyncio
 import json
 import logging
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -117,4 +133,4 @@ async def main(approve: bool) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main("--reject" not in sys.argv[1:]))
+    asyncio.run(main(not ARGUMENTS.reject))

@@ -10,8 +10,24 @@ Delete .ctrlrun/ to start over.
 
 from __future__ import annotations
 
+import argparse
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--deny", action="store_true",
+                        help="ada@example.com refuses the EUR 2,500 refund (start from a fresh .ctrlrun/)")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":  # first: --help needs no framework installed, and opens no store
+    ARGUMENTS = parse_arguments()
+
 import logging
-import sys
 import uuid
 from pathlib import Path
 
@@ -78,7 +94,7 @@ def refund(payment_id: str, amount: int, approve: bool) -> None:
 
 
 if __name__ == "__main__":
-    approve = "--deny" not in sys.argv[1:]
+    approve = not ARGUMENTS.deny
     DBOS.launch()
     refund("txn_1", 40_000, approve)       # EUR 400: allowed, no human
     refund("txn_2", 250_000, approve)      # EUR 2,500: a human decides, the workflow waits

@@ -8,7 +8,22 @@ State lives in .ctrlrun/state.db; delete that directory to start over.
 
 from __future__ import annotations
 
-import sys
+import argparse
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--deny", action="store_true",
+                        help="ada@example.com refuses the EUR 2,500 refund")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":  # first: --help needs no framework installed, and opens no store
+    ARGUMENTS = parse_arguments()
 
 from ctrlrun_langgraph import LangGraphInterrupt
 from langgraph.checkpoint.memory import InMemorySaver
@@ -72,7 +87,7 @@ def refund(thread: str, payment_id: str, amount: int, approve: bool) -> None:
 
 
 if __name__ == "__main__":
-    approve = "--deny" not in sys.argv[1:]
+    approve = not ARGUMENTS.deny
     refund("small", "txn_1", 40_000, approve)       # EUR 400: allowed, no human
     refund("large", "txn_2", 250_000, approve)      # EUR 2,500: a human decides
     refund("retry", "txn_2", 250_000, approve)      # the agent tries the same refund again

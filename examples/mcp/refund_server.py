@@ -11,6 +11,21 @@ each order's refund once); this server only does what it is told.
 
 from __future__ import annotations
 
+import argparse
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser.parse_args()
+
+
+if __name__ == "__main__":  # first: --help needs no MCP SDK installed, and serves nothing
+    parse_arguments()  # it takes no options
+
 from typing import Annotated, Any
 
 from mcp.server.mcpserver import Context, MCPServer

@@ -10,8 +10,24 @@ start over.
 
 from __future__ import annotations
 
+import argparse
+
+
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--deny", action="store_true",
+                        help="ada@example.com refuses the EUR 2,500 refund")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":  # first: --help needs no framework installed, and opens no store
+    ARGUMENTS = parse_arguments()
+
 import json
-import sys
 
 from ctrlrun_pydantic_ai import ApprovalScope, PydanticAIInterrupt
 from pydantic_ai import Agent
@@ -89,7 +105,7 @@ def conversation(payment_id: str, amount: int, approve: bool) -> None:
 
 
 if __name__ == "__main__":
-    approve = "--deny" not in sys.argv[1:]
+    approve = not ARGUMENTS.deny
     conversation("txn_1", 40_000, approve)       # EUR 400: allowed, no human
     conversation("txn_2", 250_000, approve)      # EUR 2,500: a human decides
     conversation("txn_2", 250_000, approve)      # the agent tries the same refund again

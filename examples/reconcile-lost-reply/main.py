@@ -9,6 +9,7 @@ and cannot be asked about the third. Every run starts from a clean store in .ctr
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
@@ -103,5 +104,15 @@ def main() -> None:
     store.close()
 
 
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
+    parse_arguments()  # it takes no options
     main()

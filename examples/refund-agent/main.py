@@ -10,6 +10,7 @@ Runs unattended: the team lead's approval is granted through the store, exactly 
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from pathlib import Path
 
@@ -86,5 +87,15 @@ def main() -> None:
     store.close()
 
 
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
+    parse_arguments()  # it takes no options
     main()

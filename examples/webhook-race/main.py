@@ -10,6 +10,7 @@ redelivery. Every run starts from a clean store.
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import shutil
 from pathlib import Path
@@ -87,5 +88,15 @@ def main() -> None:
     store.close()
 
 
+def parse_arguments() -> argparse.Namespace:
+    """The command line, read before anything runs: ``--help`` shows what this does, and an
+    option it does not take is refused (exit 2) instead of being ignored."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser.parse_args()
+
+
 if __name__ == "__main__":
+    parse_arguments()  # it takes no options
     main()

@@ -21,6 +21,10 @@ __all__ = ["demo"]
 
 AGENT = "support-agent"
 INDENT = "   "
+#: What scenario 1 tells the human to run, runnable as printed where the demo ran: the API did
+#: commit, so ``--committed``; ``--store-url`` names the demo's store, which no CTRLRUN_* variable
+#: in the user's environment can then redirect to their own.
+RESOLVE_HINT = f"ctrlrun resolve refund:txn_1 --committed --store-url sqlite://{DEMO_DIR.as_posix()}/state.db"
 
 
 def _money(minor: int) -> str:
@@ -78,7 +82,7 @@ def lost_reply(world: DemoWorld) -> bool:
         )
     calls = world.api.count("txn_1")
     say(f"{INDENT}remote refund calls: {calls}")
-    say(f"{INDENT}only a human moves it on:  ctrlrun resolve refund:txn_1 --committed|--failed")
+    say(f"{INDENT}only a human moves it on:  {RESOLVE_HINT}")
     return refused and calls == 1
 
 
