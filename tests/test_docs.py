@@ -381,3 +381,14 @@ def test_recovery_page_says_what_the_chain_covers(tmp_path: Path) -> None:
     text = " ".join((DOCS / "recovery.md").read_text(encoding="utf-8").split())
     assert "chain will show the edit" not in text
     assert "the effects, approvals and events tables are not chained" in text
+
+
+def test_no_message_or_docstring_names_the_other_package() -> None:
+    """``ctrlrun[console]`` on the public index is another project: nothing this repository
+    prints or documents may name an extra that way (a clone installs ``'.[console]'``)."""
+    sources = [*ROOT.glob("src/ctrlrun/**/*.py"), *ROOT.glob("adapters/*/src/**/*.py"),
+               *ROOT.glob("src/ctrlrun/**/*.html"), *ROOT.glob("examples/**/*.py")]  # fmt: skip
+    wrong = [f"{p.relative_to(ROOT)}:{n}" for p in sources
+             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"\bctrlrun\[[a-z-]+\]", line)]  # fmt: skip
+    assert not wrong, "names the public index's ctrlrun with an extra:\n" + "\n".join(wrong)

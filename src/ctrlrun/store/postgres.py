@@ -1,8 +1,9 @@
 """``PostgresStateStore``: the store in one Postgres schema, shared by processes on many hosts.
 
 Public as ``ctrlrun.postgres.PostgresStateStore`` (that module re-exports this one's names); not
-re-exported by ``ctrlrun``. The driver (psycopg 3, extra ``ctrlrun[postgres]``) is imported only
-when a store is built, so ``import ctrlrun`` never needs it.
+re-exported by ``ctrlrun``. The driver (psycopg 3, the ``postgres`` extra: ``pip install
+'.[postgres]'`` from the clone) is imported only when a store is built, so ``import ctrlrun``
+never needs it.
 
 How it keeps the store's promises across hosts:
 
