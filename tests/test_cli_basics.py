@@ -187,3 +187,16 @@ def test_policy_check_refusals(workdir, text, reason):
     assert err.startswith(f"Error: {path}: ")
     assert reason in err
     assert err.count("\n") == 1
+
+
+def test_ctrl_c_in_any_command_is_a_clean_stop_with_130(project, monkeypatch):
+    """A long listing or prune interrupted at the terminal stops quietly, as the servers do."""
+    from ctrlrun.cli import commands_receipts
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands_receipts, "_print_rows", interrupted)
+    result = invoke(["receipts"], clock=project.clock)
+    assert result.code == 130 and "Aborted!" not in result.err
+    assert result.err.strip() == "ctrlrun receipts: stopped (interrupted)"

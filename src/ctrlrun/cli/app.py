@@ -98,6 +98,9 @@ class CtrlrunGroup(click.Group):
         except BrokenPipeError:  # only click's own output (a command's --help) gets here
             reader_left()
             raise click.exceptions.Exit(0) from None
+        except KeyboardInterrupt:  # Ctrl-C: a clean stop, as a shell reports it (never "Aborted!")
+            click.echo(f"ctrlrun {ctx.invoked_subcommand or ''}: stopped (interrupted)".replace(" :", ":"), err=True)
+            raise click.exceptions.Exit(130) from None
         except click.ClickException as exc:
             setattr(exc, "message", safe(exc.message))  # click declares it Final
             raise

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from ..errors import CTRLRunError
+from ..errors import CTRLRunError, MissingDependency
 from .stores import Settings, select_store_url, store_url_option
 from .text import say
 
@@ -21,14 +21,18 @@ _DURATION = re.compile(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+)S)?)?", r
 
 
 def _require_extra() -> None:
-    """Refuse (exit 1) naming the install line when the console's packages are missing."""
+    """Refuse (exit 1) naming the install line when the console's packages are missing: only the
+    clone's ``.[console]``, since the ``ctrlrun`` on the public index is another project."""
     import importlib
 
     for names in _EXTRA:
         if not any(_importable(importlib, name) for name in names):
-            raise CTRLRunError(
+            raise MissingDependency(
                 f"ctrlrun serve needs the console extra ({names[0]} is not installed): run "
-                "pip install '.[console]' in a clone, or pip install 'ctrlrun[console]'"
+                "pip install '.[console]' from the root of your ctrlrun clone (the 'ctrlrun' on "
+                "PyPI is another project)",
+                module=names[0],
+                extra="console",
             )
 
 
@@ -129,7 +133,13 @@ def serve(ctx: click.Context, listen: str, allow_remote: bool, store_url: str | 
     console = ConsoleSettings(users_path=users, auth_header=auth_header, trusted_proxies=frozenset(trusted),
                               base_url=base_url, secret=session_secret(users), clock=settings.clock)  # fmt: skip
     assert notify is None or isinstance(notify, NotifySettings)
-    run(url, console, host, port, notify, settings)
+    try:
+        interrupted = run(url, console, host, port, notify, settings)
+    except KeyboardInterrupt:  # SIGINT before the console listened (its own handler was not set yet)
+        interrupted = True
+    if interrupted:
+        say("ctrlrun serve: stopped (interrupted)", err=True)
+        raise click.exceptions.Exit(130)  # 128 + SIGINT, as a shell reports Ctrl-C; not click's "Aborted!"
 
 
 def _read_password(name: str) -> str:

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import select
+import signal
+import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import click
@@ -75,30 +81,123 @@ def gateway(**options: Any) -> None:
     config, policy_file = _config(options)
     from ..gateway import Gateway
 
-    control = _control(policy_file, options["store_url"], options["environment"])
-    served = Gateway(config, control)
-    if config.mode == "http":
-        listening = served.serve_http()
-        sys.stderr.write(served.startup_block((listening.host, listening.port)))
+    try:
+        control = _control(policy_file, options["store_url"], options["environment"])
+        served = Gateway(config, control)
+        with _Sigint() as sigint:
+            if config.mode == "http":
+                listening = served.serve_http()
+                sys.stderr.write(served.startup_block((listening.host, listening.port)))
+                sys.stderr.flush()
+                try:
+                    sigint.wait()
+                finally:
+                    listening.close()  # answers in flight end as the gateway's close ends them
+                code = 0
+            else:
+                sys.stderr.write(served.startup_block())
+                sys.stderr.flush()
+                code = served.serve_stdio(sigint.host_input(sys.stdin.buffer), sys.stdout.buffer, spawn=_spawn)
+        interrupted = sigint.came
+    except KeyboardInterrupt:  # SIGINT before the handler was set (or off the main thread)
+        interrupted = True
+    if interrupted:
+        sys.stderr.write("ctrlrun gateway: stopped (interrupted)\n")
         sys.stderr.flush()
-        try:
-            _wait_forever()
-        finally:
-            listening.close()
-        return
-    sys.stderr.write(served.startup_block())
-    sys.stderr.flush()
-    code = served.serve_stdio(sys.stdin.buffer, sys.stdout.buffer)
+        code = 130  # 128 + SIGINT, as a shell reports Ctrl-C; never click's "Aborted!"
     raise click.exceptions.Exit(code)
 
 
-def _wait_forever() -> None:
-    import threading
+def _spawn(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start the stdio upstream in its own process group: a Ctrl-C at the terminal reaches the
+    gateway alone, which then stops the child as when the host closes stdin (its stdin closed,
+    then SIGTERM, then SIGKILL), instead of the child dying mid-call on the same signal."""
+    if os.name == "posix":
+        kwargs.setdefault("process_group", 0)
+    process: subprocess.Popen[bytes] = subprocess.Popen(*args, **kwargs)
+    return process
 
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+
+class _Sigint:
+    """SIGINT (Ctrl-C) as a request to stop instead of a ``KeyboardInterrupt`` raised wherever
+    the main thread is. The pipe is the interpreter's wake-up fd: the signal's number is written
+    to it at once, whichever thread the kernel interrupted, and wakes ``wait()`` (http) or ends
+    ``host_input()`` (stdio); the handler only notes it. A repeated SIGINT changes nothing: the
+    stop it asked for is bounded (the stdio grace periods)."""
+
+    def __init__(self) -> None:
+        self.came = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._installed = False
+        self._previous: Callable[[int, FrameType | None], Any] | int | None = None
+        self._previous_fd = -1
+        self._pumping = False
+
+    def __enter__(self) -> _Sigint:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._note)
+            self._previous_fd = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.set_wakeup_fd(self._previous_fd)
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+        os.close(self._wake_w)  # a pump still waiting sees the end and stops
+        if not self._pumping:
+            os.close(self._wake_r)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.came = True
+
+    def _woken(self) -> bool:
+        """Read the wake-up pipe: did SIGINT come (or the pipe end)? Other signals do not stop."""
+        data = os.read(self._wake_r, 512)
+        return not data or signal.SIGINT in data
+
+    def wait(self) -> None:
+        """Block until SIGINT (forever off the main thread, where no handler can be set)."""
+        while True:
+            select.select([self._wake_r], [], [])
+            if self._woken():
+                return
+
+    def host_input(self, stdin: BinaryIO) -> BinaryIO:
+        """``stdin`` copied through a pipe that ends when ``stdin`` does or at SIGINT, so the relay
+        stops as when the host closes its stdin: in-flight calls answer, then the child is stopped.
+        Without a file descriptor, or without ``select`` on pipes (not POSIX), it is ``stdin`` itself."""
+        try:
+            source = stdin.fileno()
+        except (OSError, ValueError, AttributeError):  # an in-memory stream (a test's): read as it is
+            return stdin
+        if os.name != "posix":
+            return stdin
+        read_end, write_end = os.pipe()
+        self._pumping = True
+        threading.Thread(target=self._pump, args=(source, write_end), name="ctrlrun-host-in", daemon=True).start()
+        return os.fdopen(read_end, "rb", buffering=0)
+
+    def _pump(self, source: int, sink: int) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([source, self._wake_r], [], [])
+                if self._wake_r in ready and self._woken():
+                    return
+                if source not in ready:
+                    continue
+                chunk = os.read(source, 65536)
+                if not chunk:
+                    return
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(sink, view):]
+        except OSError:  # the relay stopped reading: the session is over
+            return
+        finally:
+            os.close(sink)
+            os.close(self._wake_r)
 
 
 def _config(options: dict[str, Any]) -> tuple[Any, Path]:
