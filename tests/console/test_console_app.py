@@ -184,10 +184,30 @@ def test_a_second_answer_is_409_naming_who_decided(project: Project, client: Any
     request_id = project.request()
     form_token = token(client, f"/requests/{request_id}")
     assert client.post(f"/requests/{request_id}/approve", data={"csrf_token": form_token}, follow_redirects=False).status_code == 303
-    for verb in ("approve", "deny", "edit"):
+    for verb in ("approve", "deny", "edit"):  # ada's own double submit: she is told it was her
         r = client.post(f"/requests/{request_id}/{verb}", data={"csrf_token": form_token, "arguments": "{}"})
         assert r.status_code == 409
-        assert "already granted by console:ada at " in r.text
+        assert "you approved this at " in r.text and "already granted by console:ada" not in r.text
+    assert len(_answers(project)) == 1
+
+
+@pytest.mark.parametrize(("verb", "act", "status"), [("approve", "approved", "granted"), ("deny", "denied", "denied")])
+def test_after_her_answer_the_page_tells_the_approver_it_was_hers(project: Project, client: Any, verb: str,
+                                                                   act: str, status: str) -> None:  # fmt: skip
+    request_id = project.request(user="carol")
+    r = _post(client, f"/requests/{request_id}/{verb}")
+    assert r.status_code == 303
+    page = client.get(r.headers["location"]).text
+    assert f"you {act} this at " in page and f"already {status} by" not in page
+    again = _post(client, f"/requests/{request_id}/{verb}")  # a double submit
+    assert again.status_code == 409 and f"you {act} this at " in again.text
+    with console_client(project) as other:  # anyone else is told who decided
+        assert login(other, "bob").status_code == 303
+        page = other.get(f"/requests/{request_id}").text
+        assert f"already {status} by console:ada at " in page and f"you {act}" not in page
+        refused = other.post(f"/requests/{request_id}/approve", data={"csrf_token": token(other)})
+        assert refused.status_code == 409
+        assert f"already {status} by console:ada at " in refused.text and f"you {act}" not in refused.text
     assert len(_answers(project)) == 1
 
 
@@ -438,10 +458,15 @@ def test_serve_never_creates_a_store(project: Project, tmp_path: Path) -> None:
     assert not (tmp_path / "absent.db").exists()
 
 
-def test_a_missing_extra_names_the_install_line(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "uvicorn", None)
+@pytest.mark.parametrize("module", ["starlette", "uvicorn"])
+def test_a_missing_extra_names_only_the_clone_install_line(project: Project, monkeypatch: pytest.MonkeyPatch,
+                                                            module: str) -> None:  # fmt: skip
+    monkeypatch.setitem(sys.modules, module, None)  # importing it now raises ImportError
     result = invoke(["serve", "--users", str(project.users), "--store-url", project.url])
-    assert result.code == 1 and "pip install '.[console]'" in result.err
+    assert result.code == 1, (result.out, result.err)
+    assert f"{module} is not installed" in result.err
+    assert "pip install '.[console]' from the root of your ctrlrun clone" in result.err
+    assert "ctrlrun[console]" not in result.err  # the public index's ctrlrun is another project
 
 
 def test_import_ctrlrun_does_not_import_the_console() -> None:

@@ -42,18 +42,21 @@ def _answerable(store: StateStore, request_id: str, approver: str, user: str, no
         raise Refused(f"self_approval: {approver} asked for {request_id} and cannot answer it; "
                       "another approver must decide it (nothing was written)", status=409, code="self_approval")  # fmt: skip
     if record.status is not ApprovalStatus.PENDING:
-        _closed(store, record)
+        _closed(store, record, approver)
     if now > record.expires_at:
         _expired(request_id)
     return record
 
 
-def _closed(store: StateStore, record: ApprovalRecord) -> None:
+def _closed(store: StateStore, record: ApprovalRecord, approver: str) -> None:
+    """Refuse answering a decided request, naming who decided it (``you``, to that approver)."""
     if record.status is ApprovalStatus.EXPIRED:
         _expired(record.approval_id)
     decision = decision_of(store, record)
-    raise Refused(f"approval request {record.approval_id} is {decision.sentence()}; a request is "
-                  "answered once (nothing was written)", status=409, code=record.status.value)  # fmt: skip
+    said = decision.sentence(approver)
+    linked = f": {said}" if decision.made_by(approver) else f" is {said}"
+    raise Refused(f"approval request {record.approval_id}{linked}; a request is answered once "
+                  "(nothing was written)", status=409, code=record.status.value)  # fmt: skip
 
 
 def _expired(request_id: str) -> None:
@@ -61,7 +64,7 @@ def _expired(request_id: str) -> None:
                   "was granted (the agent must ask again)", status=409, code="expired")  # fmt: skip
 
 
-def _mismatch(store: StateStore, request_id: str, exc: ApprovalMismatch) -> Refused:
+def _mismatch(store: StateStore, request_id: str, approver: str, exc: ApprovalMismatch) -> Refused:
     """The store refused the answer (another approver was first, or it expired meanwhile)."""
     record = store.get_approval(request_id)
     if exc.reason == "expired" or (record is not None and record.status is ApprovalStatus.EXPIRED):
@@ -69,7 +72,7 @@ def _mismatch(store: StateStore, request_id: str, exc: ApprovalMismatch) -> Refu
                        "nothing was granted", status=409, code="expired")  # fmt: skip
     if record is not None and record.status is not ApprovalStatus.PENDING:
         try:
-            _closed(store, record)
+            _closed(store, record, approver)
         except Refused as refused:
             return refused
     return Refused(f"approval request {request_id} was not answered: {exc}", status=409, code=exc.reason or "refused")
@@ -81,7 +84,7 @@ def approve(store: StateStore, request_id: str, approver: str, user: str, now: d
     try:
         approval = store.grant_approval(request_id, approver, events=answer_events(approver, via=VIA))
     except ApprovalMismatch as exc:
-        raise _mismatch(store, request_id, exc) from None
+        raise _mismatch(store, request_id, approver, exc) from None
     if approval is None:
         after = store.get_approval(request_id) or record
         return f"recorded {request_id}: {len(after.approvers)} of {after.request.approvals_required} approvals"
@@ -95,7 +98,7 @@ def deny(store: StateStore, request_id: str, approver: str, user: str, now: date
     try:
         store.deny_approval(request_id, approver, events=answer_events(approver, **extra, via=VIA))
     except ApprovalMismatch as exc:
-        raise _mismatch(store, request_id, exc) from None
+        raise _mismatch(store, request_id, approver, exc) from None
     return f"denied {request_id}"
 
 
@@ -132,7 +135,7 @@ def edit(store: StateStore, request_id: str, approver: str, user: str, now: date
         approval, _ = grant_with_edits(store, request_id, approver, arguments, policy=policy,
                                        events=answer_events(approver, via=VIA))  # fmt: skip
     except ApprovalMismatch as exc:
-        raise _mismatch(store, request_id, exc) from None
+        raise _mismatch(store, request_id, approver, exc) from None
     except ActionDenied as exc:
         raise Refused(str(exc), status=422, code="policy_denied") from None
     except InvalidArgument as exc:

@@ -172,7 +172,7 @@ class Console:
             exc = acts.Refused(f"no approval request {request_id}", status=404, code="unknown")
             return self.refused(request, who, exc, "/")
         may_answer = view.record.request.action.principal.user != who.name
-        return self.page(request, "request.html", who=who, view=view, may_answer=may_answer)
+        return self.page(request, "request.html", who=who, view=view, may_answer=may_answer, viewer=who.answerer)
 
     async def answer(self, request: Request, who: Who) -> Response:
         request_id = request.path_params["request_id"]

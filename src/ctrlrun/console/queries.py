@@ -121,19 +121,39 @@ def _request_key(store: StateStore, request_id: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Who answered a request that is no longer pending, and when."""
+    """Who answered a request that is no longer pending, and when; ``act`` is ``approved`` or
+    ``denied`` (empty when nobody answered it, e.g. it expired)."""
 
     status: str
     by: str | None
     at: str | None
+    act: str = ""
 
-    def sentence(self) -> str:
-        text = f"already {self.status}"
-        if self.by:
-            text += f" by {safe(self.by)}"
+    def made_by(self, viewer: str | None) -> bool:
+        """Whether ``viewer`` (an approver such as ``console:ada``) made the deciding act."""
+        return viewer is not None and bool(self.act) and self.by == viewer
+
+    def sentence(self, viewer: str | None = None) -> str:
+        """The decision in words; to ``viewer`` their own act reads ``you approved this at …``, so
+        nobody is told that they themselves decided it before."""
+        if self.made_by(viewer):
+            text = f"you {self.act} this"
+        else:
+            text = f"already {self.status}"
+            if self.by:
+                text += f" by {safe(self.by)}"
         if self.at:
             text += f" at {self.at}"
         return text
+
+
+def _act(event_type: EventType | None, status: ApprovalStatus) -> str:
+    """``approved`` or ``denied``: what the answering approver did."""
+    if event_type is EventType.APPROVAL_DENIED or (event_type is None and status is ApprovalStatus.DENIED):
+        return "denied"
+    if event_type is not None or status in (ApprovalStatus.GRANTED, ApprovalStatus.CONSUMED):
+        return "approved"
+    return ""
 
 
 def decision_of(store: StateStore, record: ApprovalRecord) -> Decision:
@@ -142,11 +162,12 @@ def decision_of(store: StateStore, record: ApprovalRecord) -> Decision:
     if answers:
         last = answers[-1]
         approver = last.data.get("approver")
-        return Decision(record.status.value, approver if isinstance(approver, str) else record.approver, last.ts)
+        by = approver if isinstance(approver, str) else record.approver
+        return Decision(record.status.value, by, last.ts, _act(last.type, record.status))
     at = format_ts(record.granted_at) if record.granted_at is not None else None
     if record.status is ApprovalStatus.EXPIRED:
-        at = format_ts(record.expires_at)
-    return Decision(record.status.value, record.approver, at)
+        return Decision(record.status.value, record.approver, format_ts(record.expires_at))
+    return Decision(record.status.value, record.approver, at, _act(None, record.status) if record.approver else "")
 
 
 def _history_entry(event: Event) -> dict[str, Any]:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import signal
 import socket
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..cli.stores import Settings, open_operator_store
@@ -13,6 +17,7 @@ from ..errors import CTRLRunError
 from .settings import ConsoleSettings, NotifySettings
 
 if TYPE_CHECKING:
+    import uvicorn
     from starlette.applications import Starlette
 
 __all__ = ["is_loopback", "parse_listen", "run", "start_notifier"]
@@ -70,9 +75,38 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _Interrupted:
+    """Whether SIGINT came: a plain attribute the handler sets (it takes no lock it could wait on)."""
+
+    came = False
+
+
+@contextmanager
+def _sigint_stops(server: uvicorn.Server) -> Iterator[_Interrupted]:
+    """While serving, SIGINT (Ctrl-C) asks ``server`` to shut down, as uvicorn's own handler does
+    once it runs, instead of raising ``KeyboardInterrupt`` wherever the main thread is (before
+    uvicorn took over, or when uvicorn raises the signal again after its shutdown). Off the main
+    thread no handler can be set, and nothing changes."""
+    interrupted = _Interrupted()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        interrupted.came = True
+        server.should_exit = True
+
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
 def run(store_url: str, settings: ConsoleSettings, host: str, port: int,
-        notify: NotifySettings | None, cli_settings: Settings) -> None:  # fmt: skip
-    """Serve the console on ``host:port`` over the store at ``store_url`` until interrupted."""
+        notify: NotifySettings | None, cli_settings: Settings) -> bool:  # fmt: skip
+    """Serve the console on ``host:port`` over the store at ``store_url`` until stopped; True
+    when SIGINT stopped it (uvicorn answers the requests in flight first)."""
     import uvicorn
 
     from .app import build_app
@@ -90,8 +124,10 @@ def run(store_url: str, settings: ConsoleSettings, host: str, port: int,
             config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                     proxy_headers=False, server_header=False)  # fmt: skip
             server = uvicorn.Server(config)
-            print(f"listening on {bound}", file=sys.stderr, flush=True)
-            server.run(sockets=[sock])
+            with _sigint_stops(server) as interrupted:
+                print(f"listening on {bound}", file=sys.stderr, flush=True)
+                server.run(sockets=[sock])
+            return interrupted.came
         finally:
             if stop is not None:
                 stop()
