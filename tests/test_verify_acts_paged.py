@@ -108,7 +108,7 @@ def test_a_statement_timeout_names_the_timeout_in_force(tmp_path, clock):
             with pytest.raises(Exception) as info:
                 cursor.execute("SELECT pg_sleep(1)")
             message = str(driver_error(info.value, "verifying", store, transient=True))
-            assert "statement_timeout (42s)" in message and "15 s" not in message, message
+            assert "statement_timeout (42 s)" in message and "15 s" not in message, message
         finally:
             store.close()
     finally:
@@ -135,4 +135,4 @@ def test_a_driver_message_of_several_lines_reads_as_one():
                       "\tIs the server running on that host and accepting TCP/IP connections?\n")  # fmt: skip
     text = message_of(refused)
     assert "\n" not in text and "\t" not in text
-    assert text.endswith("Connection refused; Is the server running on that host and accepting TCP/IP connections?")
+    assert text.endswith("Connection refused. Is the server running on that host and accepting TCP/IP connections?")

@@ -118,8 +118,9 @@ def _print_rows(store: Any, rows: Iterable[Receipt | UnreadableReceipt], as_json
 def receipts(settings: Settings, last: int | None, since: datetime | None, from_seq: int | None,
              as_json: bool, limit: int | None, every: bool, check_chain: bool, since_verified: bool,
              store_url: str | None) -> None:  # fmt: skip
-    """Show receipts in chain order (every one, unless --last, --limit, --since or --from-seq
-    picks some), or check the chain with --verify-chain."""
+    """Show receipts in chain order, or check the chain with --verify-chain.
+
+    Every receipt is shown unless --last, --limit, --since or --from-seq picks some."""
     if check_chain or since_verified:
         verify_chain_command(settings, store_url, check_chain, as_json, since_verified)
         return

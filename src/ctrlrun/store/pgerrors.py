@@ -22,8 +22,12 @@ def message_of(exc: BaseException) -> str:
     """The driver's message on one line: libpq's own lines (a hint, a caret under a query) are
     joined with "; " rather than shown as escaped newlines and tabs."""
     original = getattr(exc, "orig", None) or exc
-    lines = [line.strip() for line in str(original).splitlines()]
-    return "; ".join(line for line in lines if line and line != "^") or type(original).__name__
+    lines = [" ".join(line.split()) for line in str(original).splitlines()]
+    text = ""
+    for line in (line for line in lines if line and line != "^"):
+        # sentences, not "; ": the messages built on this one cut at their first "; "
+        text += line if not text else (" " if text[-1] in ".:;?!" else ". ") + line
+    return text or type(original).__name__
 
 
 _SETTINGS = {"lock": "lock_timeout", "statement": "statement_timeout",
@@ -34,9 +38,23 @@ def _in_force(store: Any, name: str) -> str:
     """A server timeout as the store's sessions have it (read from the server when the store
     opened: the URL, ``PGOPTIONS`` or the role may have set another than ``PostgresTimeouts``)."""
     value = getattr(store, "in_force", {}).get(_SETTINGS[name])
-    if not value:
-        return str(store.timeouts.describe(name))
-    return "off" if value == "0" else value
+    seconds = _seconds(value) if value else None
+    if seconds is None:
+        return str(store.timeouts.describe(name)) if not value else str(value)
+    return "off" if seconds == 0 else f"{seconds:g} s"
+
+
+_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _seconds(value: str) -> float | None:
+    """``SHOW``'s form of a duration (``200ms``, ``15s``, ``1min``, ``0``) in seconds."""
+    number = value.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = value[len(number):] or "ms"  # a bare number is milliseconds
+    try:
+        return float(number) * _UNITS[unit]
+    except (ValueError, KeyError):
+        return None
 
 
 def driver_error(exc: BaseException, doing: str, store: Any, *, transient: bool) -> CTRLRunError:
