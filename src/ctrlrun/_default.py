@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ._locations import policy_path
+from .settings import default_inputs, policy_path
 
 if TYPE_CHECKING:
     from .control import Control
 
 __all__ = ["cached_control", "default_control", "reset"]
 
-_ENV_KEYS = ("CTRLRUN_CONFIG", "CTRLRUN_STATE", "CTRLRUN_STORE_URL", "CTRLRUN_ENVIRONMENT")
-
-
 _lock = threading.Lock()
 _cached: tuple[tuple[Any, ...], Control] | None = None
-
-
-def _fingerprint() -> tuple[Any, ...]:
-    return (*(os.environ.get(k) for k in _ENV_KEYS), os.getcwd())
 
 
 def default_control() -> Control:
@@ -29,7 +21,7 @@ def default_control() -> Control:
     global _cached
     from .control import Control
 
-    key = _fingerprint()
+    key = default_inputs()
     with _lock:
         if _cached is not None and _cached[0] == key:
             return _cached[1]
@@ -43,7 +35,7 @@ def default_control() -> Control:
 def cached_control() -> Control | None:
     """The cached default Control if its inputs have not changed, else None (nothing is built)."""
     cached = _cached
-    if cached is not None and cached[0] == _fingerprint():
+    if cached is not None and cached[0] == default_inputs():
         return cached[1]
     return None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, NamedTuple, TypedDict, TypeVar, overload
@@ -55,14 +54,9 @@ def _resolve_environment(argument: str | None, policy: Policy) -> str:
         if not isinstance(argument, str) or not argument.strip():
             raise InvalidArgument("Control(environment=...) must be a non-empty string")
         return argument
-    if "CTRLRUN_ENVIRONMENT" in os.environ:
-        value = os.environ["CTRLRUN_ENVIRONMENT"]
-        if not value.strip():
-            raise InvalidArgument(
-                "CTRLRUN_ENVIRONMENT is set but blank; unset it or name the environment"
-            )
-        return value
-    return policy.environment or "production"
+    from .settings import environment_name
+
+    return environment_name() or policy.environment or "production"
 
 
 class ReadOnly(Generic[T]):

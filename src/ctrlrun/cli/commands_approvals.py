@@ -7,13 +7,12 @@ from typing import Any
 
 import click
 
+from .. import operator
 from .._time import format_ts
-from ..approvals import Approval, ApprovalRecord, ApprovalStatus
-from .._locations import policy_path as settings_policy_path
-from ..edits import edited_arguments, grant_with_edits, parse_assignments
-from ..errors import ApprovalMismatch, CTRLRunError, InvalidArgument
+from ..approvals import Approval, ApprovalRecord
+from ..edits import edited_arguments, parse_assignments
+from ..errors import InvalidArgument
 from ..policy import Policy
-from ..answers import answer_events
 from ..store import StateStore
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say
@@ -23,35 +22,12 @@ __all__ = ["CLI_ANSWERER", "answer_request", "approve", "deny"]
 CLI_ANSWERER = "cli:local"
 
 
-def _refusal(request_id: str, before: ApprovalRecord | None, exc: ApprovalMismatch) -> CTRLRunError:
-    """The operator's wording for a grant or deny the store refused."""
-    if exc.reason == "unknown":
-        return CTRLRunError(f"no approval request {request_id} (`ctrlrun pending` lists open requests)")
-    if exc.reason == "expired" and before is not None and before.status is ApprovalStatus.PENDING:
-        return CTRLRunError(
-            f"approval request {request_id} expired at {format_ts(before.expires_at)} before it "
-            "was answered; it is now marked expired and nothing was granted (the agent must ask again)"
-        )
-    return CTRLRunError(f"approval request {request_id} is already {exc.reason}; a request is answered once")
-
-
 def answer_request(store: StateStore, request_id: str, answerer: str, *,
                    grant: bool) -> tuple[Approval | None, ApprovalRecord | None]:  # fmt: skip
-    """Grant (or deny) ``request_id`` as ``answerer``, writing the answer's event with it; returns
-    the grant (None below an approver threshold, and for a denial) and the record after it.
-    A refusal is raised in the operator's words; ``ctrlrun approve``/``deny`` and
-    ``ctrlrun mcp-operator`` share this."""
-    before = store.get_approval(request_id)
-    events = answer_events(answerer)
-    try:
-        if grant:
-            approval = store.grant_approval(request_id, answerer, events=events)
-        else:
-            store.deny_approval(request_id, answerer, events=events)
-            approval = None
-    except ApprovalMismatch as exc:
-        raise _refusal(request_id, before, exc) from None
-    return approval, store.get_approval(request_id) or before
+    """Grant (or deny) ``request_id`` as ``answerer``; the operator library's answer, as the CLI
+    and ``ctrlrun mcp-operator`` report it (the grant, and the record after it)."""
+    answer = operator.grant(store, request_id, answerer) if grant else operator.deny(store, request_id, answerer)
+    return answer.approval, answer.record
 
 
 def _assignments(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> dict[str, Any]:
@@ -108,34 +84,23 @@ def approve(settings: Settings, request_id: str, assignments: dict[str, Any],
         say(f"expires {format_ts(approval.expires_at)}")
 
 
-def _check_names(request_id: str, record: ApprovalRecord, arguments: dict[str, Any]) -> None:
-    """Refuse an edit naming an argument the request does not have: the call could not take it."""
-    known = record.request.action.canonical_arguments
-    new = sorted(name for name in arguments if name not in known)
-    if new:
-        raise InvalidArgument(
-            f"approval request {request_id} ({record.request.action.name}) has no argument "
-            f"{', '.join(repr(name) for name in new)}; its arguments are "
-            f"{', '.join(sorted(known)) or '(none)'}. Fix the name, or pass "
-            "--allow-new-arguments to add it; nothing was granted"
-        )
-
-
 def _approve_with_edits(settings: Settings, store: Any, request_id: str,
                         before: ApprovalRecord | None, assignments: dict[str, Any],
                         replace_all: dict[str, Any] | None, allow_new: bool) -> None:  # fmt: skip
     """Grant with edited arguments, re-checked by the policy the agents run under."""
     if before is None:
-        raise _refusal(request_id, before, ApprovalMismatch(reason="unknown"))
+        operator.grant(store, request_id, CLI_ANSWERER)  # refused: no such request
+        return
     arguments = edited_arguments(before, replace_all, assignments)
-    if not allow_new:
-        _check_names(request_id, before, arguments)
-    policy = Policy.from_file(settings_policy_path())
     try:
-        approval, record = grant_with_edits(store, request_id, CLI_ANSWERER, arguments, policy=policy,
-                                            events=answer_events(CLI_ANSWERER))  # fmt: skip
-    except ApprovalMismatch as exc:
-        raise _refusal(request_id, before, exc) from None
+        answer = operator.edit(store, request_id, CLI_ANSWERER, arguments, allow_new=allow_new,
+                               policy=lambda: Policy.from_file(settings.policy_path()))  # fmt: skip
+    except operator.AnswerRefused as exc:
+        if exc.code != "unknown_argument":
+            raise
+        raise InvalidArgument(f"{exc}. Fix the name, or pass --allow-new-arguments to add it; nothing was granted") from None
+    approval = answer.approval
+    assert approval is not None
     say(f"granted {request_id} with edits for {approval.action_hash}")
     say(f"was {approval.edited_from}")
     for name, change in (approval.edit_diff or {}).items():

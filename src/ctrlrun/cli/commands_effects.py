@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 
+from .. import operator
 from .._time import format_ts
 from .._ledger import Consumption
 from ..effect import EffectRecord, EffectState
 from ..errors import CTRLRunError, InvalidArgument
-from ..answers import resolve_events
 from ..store import StateStore
 from .commands_approvals import CLI_ANSWERER
 from .options import check_paging, json_lines_option, more_hint, paging_options
@@ -44,23 +44,9 @@ def resolve(settings: Settings, effect_key: str, committed: bool, failed: bool,
 
 def resolve_ambiguous(store: StateStore, effect_key: str, state: EffectState,
                       resolver: str) -> EffectRecord:  # fmt: skip
-    """Settle an ambiguous effect as ``state``, by a human named ``resolver``, writing its
-    ``EFFECT_RESOLVED`` event with it; a refusal is raised in the operator's words.
-    ``ctrlrun resolve`` and ``ctrlrun mcp-operator`` share this."""
-    try:
-        return store.resolve_effect(effect_key, state, resolver, events=resolve_events(resolver, "human"))
-    except InvalidArgument as exc:
-        current = store.get_effect(effect_key)
-        if current is None:
-            raise CTRLRunError(
-                f"no effect {effect_key} in this store (`ctrlrun effects` lists them); nothing changed"
-            ) from None
-        if current.state is not EffectState.AMBIGUOUS:
-            raise CTRLRunError(
-                f"effect {effect_key} is {current.state}, not ambiguous: only an ambiguous "
-                "effect is resolved; nothing changed"
-            ) from None
-        raise exc from None
+    """Settle an ambiguous effect as ``state``, by a human named ``resolver`` (the operator
+    library's resolve)."""
+    return operator.resolve(store, effect_key, state, resolver)
 
 
 def _lease_lapsed(record: EffectRecord, now: datetime) -> bool:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from ..errors import CTRLRunError, MissingDependency
+from ..settings import selects_store
 from .stores import Settings, open_operator_store
 
 __all__ = ["mcp_operator"]
 
-_SELECTING = ("CTRLRUN_STORE_URL", "CTRLRUN_STATE", "CTRLRUN_CONFIG")
 _SDK_MODULES = frozenset({"mcp", "mcp_types"})
 
 
@@ -27,7 +25,7 @@ def mcp_operator(settings: Settings, store_url: str | None) -> None:
     Every answer is confirmed by you through the host's elicitation prompt and recorded as
     mcp-operator:local; the store is never created or migrated.
     """
-    if store_url is None and not any(name in os.environ for name in _SELECTING):
+    if store_url is None and not selects_store():
         raise CTRLRunError(
             "mcp-operator needs an explicit store and found none: pass --store-url URL, or set "
             "CTRLRUN_STORE_URL, CTRLRUN_STATE or CTRLRUN_CONFIG (the store beside that policy); "

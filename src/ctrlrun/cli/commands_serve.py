@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Any
 import click
 
 from ..errors import CTRLRunError, MissingDependency
+from ..settings import named_variable
 from .stores import Settings, select_store_url, store_url_option
 from .text import say
 
@@ -65,7 +65,7 @@ def _notify_settings(webhooks: tuple[str, ...], fmt: str, secret_env: str | None
     after = parse_duration(escalate_after) if escalate_after is not None else None
     secret = None
     if secret_env is not None:
-        value = os.environ.get(secret_env)
+        value = named_variable(secret_env)
         if not value:
             raise CTRLRunError(f"--webhook-secret-env {secret_env}: the variable is unset or empty; "
                                "export the webhook secret in it")  # fmt: skip

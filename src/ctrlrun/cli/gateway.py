@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import click
 
 from ..errors import UsageError
+from ..settings import configured_policy, named_variable
 
 __all__ = ["gateway"]
 
@@ -242,16 +243,16 @@ def _config(options: dict[str, Any]) -> tuple[Any, Path]:
         name, sep, variable = item.partition("=")
         if not sep or not name.strip() or not variable.strip():
             raise GatewayUsage(f"--upstream-header {item!r} is not NAME=ENVVAR (the value is read from ENVVAR, never given literally)")
-        value = os.environ.get(variable)
+        value = named_variable(variable)
         if value is None:
             raise GatewayUsage(f"--upstream-header {name}={variable}: the environment variable {variable} is not set; export it first")
         headers.append((name.strip(), value))
     policy_option = options["policy_file"]
     if policy_option is None:
-        if not http and not os.environ.get("CTRLRUN_CONFIG"):
+        if not http and not configured_policy():
             raise GatewayUsage("stdio mode needs --policy PATH (or CTRLRUN_CONFIG): the host picks the working "
                                "directory, so ./ctrlrun.yaml is never used implicitly")  # fmt: skip
-    from .._locations import policy_path
+    from ..settings import policy_path
 
     policy_file = policy_path(policy_option)
     if not policy_file.is_file():

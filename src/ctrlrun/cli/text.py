@@ -3,38 +3,19 @@ forge or hide output. A reader that closes the pipe early only stops the printin
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import unicodedata
 from typing import Any, TextIO
 
 import click
+
+from ..operator.text import compact_json, safe
 
 __all__ = [
     "compact_json", "reader_left", "reader_gone", "reset_output", "safe", "say", "say_raw", "say_prose",
 ]  # fmt: skip
 
 _closed: set[str] = set()  # "out", "err": streams whose reader went away during this command
-
-_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
-
-
-def _escape(char: str) -> str:
-    point = ord(char)
-    if point <= 0xFF:
-        return f"\\x{point:02x}"
-    if point <= 0xFFFF:
-        return f"\\u{point:04x}"
-    return f"\\U{point:08x}"
-
-
-def safe(value: Any) -> str:
-    """``value`` as text with control, format and separator characters escaped (``\\x1b``, ``\\u202e``)."""
-    text = value if isinstance(value, str) else str(value)
-    if text.isprintable():  # fast path: no hidden category can be present
-        return text
-    return "".join(_escape(c) if unicodedata.category(c) in _HIDDEN else c for c in text)
 
 
 def reset_output() -> None:
@@ -88,8 +69,3 @@ def say_prose(line: str, *, as_json: bool) -> None:
 def say_raw(line: str) -> None:
     """Print a machine-readable (JSON) line exactly as given (``color=True``: click strips nothing)."""
     _echo(line, err=False, color=True)
-
-
-def compact_json(value: Any) -> str:
-    """Compact JSON with non-ASCII as itself, the form ctrlrun stores documents in."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -18,7 +18,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..cli.text import safe
+from ..operator.text import safe
 from ..store import StateStore
 from . import acts, queries
 from .auth import LoginLimiter, check_login, load_users, proxy_identity

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..errors import CTRLRunError
+from ..settings import console_secret
 
 __all__ = [
     "LOCK_AFTER", "LOCK_FOR", "LoginLimiter", "UsersFileError", "add_user", "hash_password",
@@ -116,14 +117,12 @@ def add_user(path: Path, name: str, password: str) -> None:
     _write_private(path, yaml.safe_dump(document, sort_keys=False))
 
 
-def session_secret(users_path: Path | None, environ: Mapping[str, str] = os.environ) -> bytes:
+def session_secret(users_path: Path | None, environ: Mapping[str, str] | None = None) -> bytes:
     """The session-signing key: ``$CTRLRUN_CONSOLE_SECRET``, else a random file beside the users
     file (created once, atomically, 0600, so consoles sharing the users file share it), else a
     random key for this process only."""
-    value = environ.get(SECRET_VARIABLE)
+    value = console_secret(environ)
     if value is not None:
-        if not value.strip():
-            raise CTRLRunError(f"{SECRET_VARIABLE} is set but blank; unset it or give it a long random value")
         return value.encode("utf-8")
     if users_path is None:
         return secrets.token_bytes(32)

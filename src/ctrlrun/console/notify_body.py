@@ -11,7 +11,7 @@ from typing import Any
 
 from .._time import format_ts
 from ..approvals import ApprovalRecord
-from ..cli.text import safe
+from ..operator.text import safe
 from ..errors import InvalidArgument
 from ..receipt import Receipt
 

@@ -1,4 +1,4 @@
-"""What the console's pages show, read from the store and escaped for display with the CLI's ``safe``."""
+"""What the console's pages show, read from the store and escaped for display with ``safe``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from .._time import format_ts
 from ..action import canonical_bytes
 from ..approvals import ApprovalRecord, ApprovalStatus
 from ..chain import ChainReport
-from ..cli.commands_pending import _pending_document
-from ..cli.text import safe
+from ..operator.answers import Decision, decision_of
+from ..operator.pending import effect_state, pending_document, requested_key
+from ..operator.text import safe
 from ..effect import EffectState
 from ..receipt import Event, EventType, Receipt, UnreadableReceipt
 from ..store import StateStore
@@ -62,14 +63,6 @@ def effect_keys(events: Iterable[Event]) -> dict[str, str | None]:
             if e.type is EventType.APPROVAL_REQUESTED and e.approval_id is not None}  # fmt: skip
 
 
-def effect_state(store: StateStore, key: str | None) -> str | None:
-    """The key's current state (``new`` with no record yet); None without a key."""
-    if key is None:
-        return None
-    record = store.get_effect(key)
-    return EffectState.NEW.value if record is None else record.state.value
-
-
 def _blocked(state: str | None) -> bool:
     """Approving cannot run the call: its effect already happened or may have."""
     return state in (EffectState.COMMITTED.value, EffectState.AMBIGUOUS.value)
@@ -106,7 +99,7 @@ def api_pending(store: StateStore) -> list[dict[str, Any]]:
     documents = []
     for record in store.pending_approvals():
         key = _request_key(store, record.approval_id)
-        documents.append(_pending_document(record, key, effect_state(store, key)))
+        documents.append(pending_document(record, key, effect_state(store, key)))
     return documents
 
 
@@ -116,58 +109,7 @@ def _events(store: StateStore, request_id: str) -> Sequence[Event]:
 
 
 def _request_key(store: StateStore, request_id: str) -> str | None:
-    return effect_keys(_events(store, request_id)).get(request_id)
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """Who answered a request that is no longer pending, and when; ``act`` is ``approved`` or
-    ``denied`` (empty when nobody answered it, e.g. it expired)."""
-
-    status: str
-    by: str | None
-    at: str | None
-    act: str = ""
-
-    def made_by(self, viewer: str | None) -> bool:
-        """Whether ``viewer`` (an approver such as ``console:ada``) made the deciding act."""
-        return viewer is not None and bool(self.act) and self.by == viewer
-
-    def sentence(self, viewer: str | None = None) -> str:
-        """The decision in words; to ``viewer`` their own act reads ``you approved this at …``, so
-        nobody is told that they themselves decided it before."""
-        if self.made_by(viewer):
-            text = f"you {self.act} this"
-        else:
-            text = f"already {self.status}"
-            if self.by:
-                text += f" by {safe(self.by)}"
-        if self.at:
-            text += f" at {self.at}"
-        return text
-
-
-def _act(event_type: EventType | None, status: ApprovalStatus) -> str:
-    """``approved`` or ``denied``: what the answering approver did."""
-    if event_type is EventType.APPROVAL_DENIED or (event_type is None and status is ApprovalStatus.DENIED):
-        return "denied"
-    if event_type is not None or status in (ApprovalStatus.GRANTED, ApprovalStatus.CONSUMED):
-        return "approved"
-    return ""
-
-
-def decision_of(store: StateStore, record: ApprovalRecord) -> Decision:
-    """The answer that closed ``record``, from its answer event (else the record itself)."""
-    answers = [e for e in _events(store, record.approval_id) if e.type in _ANSWERS]
-    if answers:
-        last = answers[-1]
-        approver = last.data.get("approver")
-        by = approver if isinstance(approver, str) else record.approver
-        return Decision(record.status.value, by, last.ts, _act(last.type, record.status))
-    at = format_ts(record.granted_at) if record.granted_at is not None else None
-    if record.status is ApprovalStatus.EXPIRED:
-        return Decision(record.status.value, record.approver, format_ts(record.expires_at))
-    return Decision(record.status.value, record.approver, at, _act(None, record.status) if record.approver else "")
+    return requested_key(store, request_id)
 
 
 def _history_entry(event: Event) -> dict[str, Any]:

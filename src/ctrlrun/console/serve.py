@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from ..cli.stores import Settings, open_operator_store
+from ..operator.stores import Settings, open_store
 from ..errors import CTRLRunError
 from .settings import ConsoleSettings, NotifySettings
 
@@ -104,14 +104,14 @@ def _sigint_stops(server: uvicorn.Server) -> Iterator[_Interrupted]:
 
 
 def run(store_url: str, settings: ConsoleSettings, host: str, port: int,
-        notify: NotifySettings | None, cli_settings: Settings) -> bool:  # fmt: skip
+        notify: NotifySettings | None, operator_settings: Settings) -> bool:  # fmt: skip
     """Serve the console on ``host:port`` over the store at ``store_url`` until stopped; True
     when SIGINT stopped it (uvicorn answers the requests in flight first)."""
     import uvicorn
 
     from .app import build_app
 
-    with open_operator_store(cli_settings, store_url) as store:
+    with open_store(operator_settings, store_url) as store:
         sock = _bind(host, port)
         bound = _url(host, sock.getsockname()[1])
         stop: Callable[[], None] | None = None

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from ..action import Principal
-from ..cli.text import safe
+from ..operator.text import safe
 from ..errors import InvalidArgument, MissingDependency, UsageError
 from . import httpinbound, wire
 from .httpinbound import Out, Watch, read_chunked

@@ -21,9 +21,8 @@ from pydantic import BaseModel, Field
 from .._time import format_ts, utc_now
 from ..action import Action, canonical_bytes
 from ..approvals import ApprovalRecord, check_answerable
-from ..cli.commands_approvals import answer_request
-from ..cli.commands_effects import resolve_ambiguous
-from ..cli.text import compact_json, safe
+from .. import operator
+from ..operator.text import compact_json, safe
 from ..effect import EffectRecord, EffectState, check_resolve
 from ..errors import CTRLRunError
 from ..receipt import Receipt
@@ -262,15 +261,16 @@ def build_server(store: StateStore, *, clock: Callable[[], datetime] = utc_now) 
             if refused is not None:
                 return refused
             try:
-                approval, record = answer_request(store, request_id, OPERATOR_ANSWERER, grant=grant)
+                given = operator.grant if grant else operator.deny
+                answer = given(store, request_id, OPERATOR_ANSWERER)
             except CTRLRunError as exc:
                 return _refused(str(exc))
             if not grant:
                 return _result([f"denied {request_id}"], {"changed": True, "request_id": request_id,
                                                           "status": "denied"})  # fmt: skip
+            approval, record = answer.approval, answer.record
             if approval is None:  # an approver threshold not met yet
-                count = len(record.approvers) if record is not None else "?"
-                required = record.request.approvals_required if record is not None else "?"
+                count, required = len(record.approvers), record.request.approvals_required
                 return _result([f"recorded {request_id}: {count} of {required} approvals; not granted yet"],
                                {"changed": True, "request_id": request_id, "status": "pending"})  # fmt: skip
             expires = format_ts(approval.expires_at)
@@ -299,7 +299,7 @@ def build_server(store: StateStore, *, clock: Callable[[], datetime] = utc_now) 
         if refused is not None:
             return refused
         try:
-            resolve_ambiguous(store, effect_key, EffectState(outcome), OPERATOR_ANSWERER)
+            operator.resolve(store, effect_key, EffectState(outcome), OPERATOR_ANSWERER)
         except CTRLRunError as exc:
             return _refused(str(exc))
         lines = [f"{effect_key} resolved {outcome} by {OPERATOR_ANSWERER}"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import IO, Any, BinaryIO, TextIO
 
 from ..action import Principal
-from ..cli.text import safe
+from ..operator.text import safe
 from ..errors import InvalidArgument
 from ..transport import Transport
 from . import wire
@@ -69,8 +69,9 @@ def _key(ident: Any) -> tuple[str, Any]:
 def child_environment(environ: dict[str, str] | None = None) -> dict[str, str]:
     """The upstream child's environment: ours minus every ``CTRLRUN_*`` variable (the store URL,
     the policy path and secrets are the gateway's, not the upstream's)."""
-    source = dict(os.environ) if environ is None else environ
-    return {name: value for name, value in source.items() if not name.startswith("CTRLRUN_")}
+    from ..settings import without_ctrlrun
+
+    return without_ctrlrun(environ)
 
 
 @dataclass

@@ -131,21 +131,9 @@ class Policy:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None) -> Policy:
         """Load ``path``, else ``$CTRLRUN_CONFIG``, else ``./ctrlrun.yaml``."""
-        if path is None:
-            configured = os.environ.get("CTRLRUN_CONFIG")
-            if configured is not None:
-                if not configured.strip():
-                    raise PolicyError(
-                        "CTRLRUN_CONFIG is set but empty; set it to a policy file path or unset it "
-                        "to use ./ctrlrun.yaml"
-                    )
-                path = configured
-            else:
-                path = "ctrlrun.yaml"
-        try:
-            resolved = Path(os.fspath(path)).absolute()
-        except (TypeError, ValueError) as exc:
-            raise PolicyError(f"{path!r}: not a usable policy path ({exc})") from None
+        from ..settings import policy_path
+
+        resolved = policy_path(path)
         text = _read_policy_file(resolved)
         return cls._load(text, str(resolved), str(resolved.parent))
 
