@@ -109,7 +109,7 @@ def measure(backend: Any, size: int, callers: int, batch: int, settle: float, lo
                              after_batch=after)  # fmt: skip
         prune_to = time.perf_counter()
         ok = store.chain_head() is not None
-        from ctrlrun.chain import verify_chain
+        from ctrlrun.evidence.chain import verify_chain
 
         report = verify_chain(store)
         store.close()

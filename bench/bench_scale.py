@@ -170,7 +170,7 @@ def postgres_backend(url: str) -> tuple[Backend, Callable[[], None]]:
 
 
 def verify_rate(backend: Backend) -> float:
-    from ctrlrun.chain import verify_chain
+    from ctrlrun.receipt import verify_chain
 
     store = backend.open("normal")
     try:

@@ -1,17 +1,10 @@
-"""A settable clock for tests: no sleeps, time moves when the test says so."""
+"""A settable clock for tests: no sleeps, time moves when the test says so.
+
+It is ``ctrlrun.testing.Clock``, the clock ctrlrun ships for its users' tests.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from ctrlrun.testing import Clock
 
-
-class Clock:
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, **kwargs: float) -> datetime:
-        self.now += timedelta(**kwargs)
-        return self.now
+__all__ = ["Clock"]

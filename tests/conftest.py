@@ -11,34 +11,20 @@ import hashlib
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ctrlrun.testing import Clock as TestingClock
+
 POSTGRES_URL_VARIABLE = "CTRLRUN_TEST_POSTGRES_URL"
 TEST_SCHEMA_PREFIX = "ctrlrun_t_"
 
 
-class FakeClock:
-    """An aware UTC clock that moves only when a test sets or advances it."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 11, 30, 9, 0, tzinfo=timezone.utc)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def set(self, moment: datetime) -> datetime:
-        if moment.utcoffset() is None:
-            raise ValueError("FakeClock needs an aware datetime")
-        self.now = moment
-        return self.now
-
-    def advance(self, delta: timedelta | None = None, **kwargs: float) -> datetime:
-        self.now += delta if delta is not None else timedelta(**kwargs)
-        return self.now
+class FakeClock(TestingClock):
+    """An aware UTC clock that moves only when a test sets or advances it (``ctrlrun.testing``'s
+    clock: ``set`` refuses a naive datetime with ``InvalidArgument``, a ``ValueError``)."""
 
 
 @pytest.fixture

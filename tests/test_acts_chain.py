@@ -9,13 +9,13 @@ import pytest
 from sqlalchemy import update
 
 from ctrlrun import Control, Policy, context, protect, with_approval
-from ctrlrun.acts import ActKind, act_document, act_hash
-from ctrlrun.answers import resolve_events
-from ctrlrun.chain import verify_chain
+from ctrlrun.evidence.acts import ActKind, act_document, act_hash
+from ctrlrun.approvals.answers import resolve_events
+from ctrlrun.receipt import verify_chain
 from ctrlrun.errors import ApprovalRequired
 from ctrlrun.store.memory import InMemoryStateStore
 from ctrlrun.store.sqlite import SQLiteStateStore
-from ctrlrun.store.verifymark import verify_and_mark
+from ctrlrun.store.verify import verify_and_mark
 
 from ._cli_helpers import invoke, sql
 from .policies import REFUND_POLICY

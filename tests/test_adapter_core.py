@@ -39,7 +39,7 @@ from ctrlrun.adapter import (
     banner,
     needs_approval,
 )
-from ctrlrun.approvals import ApprovalStatus, build_request
+from ctrlrun.approvals.records import ApprovalStatus, build_request
 from ctrlrun.identity import StaticIdentityProvider
 
 POLICY = """\

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import delete, update
 
-from ctrlrun.anchors import Anchor, AnchorProvider, AnchorUnavailable, DirectoryAnchors, RFC3161Anchors, make_anchors, verify_anchors
+from ctrlrun.evidence.anchors import Anchor, AnchorProvider, AnchorUnavailable, DirectoryAnchors, RFC3161Anchors, make_anchors, verify_anchors
 from ctrlrun.errors import InvalidArgument
 from ctrlrun.store.memory import InMemoryStateStore
 
@@ -262,12 +262,12 @@ def test_the_anchor_command(project, tmp_path, monkeypatch, kind, request):
     log = tmp_path / "offsite"
     log.mkdir()
     if kind == "directory":
-        source = f"from ctrlrun.anchors import DirectoryAnchors\nPROVIDER = DirectoryAnchors({str(log)!r})\n"
+        source = f"from ctrlrun.evidence.anchors import DirectoryAnchors\nPROVIDER = DirectoryAnchors({str(log)!r})\n"
     else:
         if OPENSSL is None and not os.environ.get("CI"):
             pytest.skip("openssl is not installed")
         url, cert = request.getfixturevalue("tsa")
-        source = (f"from ctrlrun.anchors import RFC3161Anchors\n"
+        source = (f"from ctrlrun.evidence.anchors import RFC3161Anchors\n"
                   f"PROVIDER = RFC3161Anchors({url!r}, {str(cert)!r}, log={str(log)!r})\n")  # fmt: skip
     spec = _provider_module(tmp_path, monkeypatch, source)
     for i in range(4):
@@ -295,7 +295,7 @@ def test_the_anchor_command(project, tmp_path, monkeypatch, kind, request):
 
 def test_the_anchor_command_when_the_provider_cannot_be_asked(project, tmp_path, monkeypatch):
     spec = _provider_module(tmp_path, monkeypatch,
-                            f"from ctrlrun.anchors import DirectoryAnchors\nPROVIDER = DirectoryAnchors({str(tmp_path / 'gone')!r})\n")  # fmt: skip
+                            f"from ctrlrun.evidence.anchors import DirectoryAnchors\nPROVIDER = DirectoryAnchors({str(tmp_path / 'gone')!r})\n")  # fmt: skip
     for i in range(3):
         project.call(payment_id=f"txn_{i}", amount=100)
     url = ["--store-url", f"sqlite:///{project.db}"]

@@ -19,7 +19,7 @@ from ctrlrun import (
     InvalidArgument,
     Policy,
 )
-from ctrlrun.authority import grant_from_yaml
+from ctrlrun.authority.resolve import grant_from_yaml
 
 from .conftest import FakeClock
 from .policies import WORKED
@@ -249,7 +249,7 @@ def test_an_expired_delegator_is_refused_and_recorded(world: World) -> None:
 
 
 def test_an_authority_override_is_enforced_and_named_by_the_policy_hash(store: Any, clock: FakeClock) -> None:
-    from ctrlrun.authority import Authority
+    from ctrlrun.authority.resolve import Authority
 
     plain = Policy.from_yaml("schema: ctrlrun.policy/v3\nactions:\n  a.b:\n    decision: allow\n")
     section = {"grants": [{"id": "only-ops", "subject": {"agent": "ops"}, "actions": ["a.b"]}]}

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ctrlrun._containment
-import ctrlrun._delegations
-import ctrlrun._patterns
-import ctrlrun.authority
-from ctrlrun._patterns import pattern_problem
-from ctrlrun.authority import pattern_contains, pattern_matches
+import ctrlrun.authority.containment
+import ctrlrun.authority.delegations
+import ctrlrun.policy.patterns
+import ctrlrun.authority.resolve
+from ctrlrun.policy.patterns import pattern_problem
+from ctrlrun.authority.resolve import pattern_contains, pattern_matches
 from ctrlrun.errors import InvalidArgument
 
 MATCHES = [
@@ -144,10 +144,10 @@ def test_not_contained(child: str, parent: str) -> None:
 
 def test_no_fnmatch_and_no_startswith_in_matching_or_containment() -> None:
     for module in (
-        ctrlrun._patterns,
-        ctrlrun._containment,
-        ctrlrun._delegations,
-        ctrlrun.authority,
+        ctrlrun.policy.patterns,
+        ctrlrun.authority.containment,
+        ctrlrun.authority.delegations,
+        ctrlrun.authority.resolve,
     ):
         source = inspect.getsource(module)
         assert "fnmatch" not in source, module.__name__

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ctrlrun.authority import (
+from ctrlrun.authority.resolve import (
     Authority,
     Budget,
     Grant,

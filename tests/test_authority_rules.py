@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from ctrlrun.action import Action, Principal
-from ctrlrun.authority import (
+from ctrlrun.authority.resolve import (
     DENIAL_REASONS,
     Authority,
     Budget,

@@ -99,7 +99,7 @@ def test_bench_scale_grows_a_store_that_verifies_and_answers(tmp_path) -> None:
     from bench.scale_rows import Generator, append_sqlite, make_templates
 
     from ctrlrun import SQLiteStateStore
-    from ctrlrun.chain import verify_chain
+    from ctrlrun.receipt import verify_chain
 
     path = str(tmp_path / "scale.db")
     SQLiteStateStore(path).close()

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from ctrlrun._ledger import Charge
-from ctrlrun.effect import EffectState
+from ctrlrun.authority.ledger import Charge
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import BudgetExhausted, CTRLRunError
 
 from .conftest import create_pg_schema, drop_pg_schema, postgres_url

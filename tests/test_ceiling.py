@@ -132,7 +132,7 @@ def test_a_call_without_an_effect_key_has_no_ceiling_and_says_so_once(
 def test_a_committed_attempt_within_the_ceiling_runs_on_the_pipeline(world: World) -> None:
     world.outcome = None
     assert world.call() == "done"
-    assert world.control._straight._ceilinged == frozenset({"job.run"})
+    assert world.control.wiring.straight._ceilinged == frozenset({"job.run"})
 
 
 def test_exactly_max_attempts_dispatches_across_processes(tmp_path: Path) -> None:

@@ -17,10 +17,12 @@ from hypothesis import strategies as st
 import ctrlrun
 from ctrlrun import InMemoryStateStore, SQLiteStateStore
 from ctrlrun.action import _CANONICAL_JSON
-from ctrlrun.chain import BREAKS_KEPT, ChainWalk, _hash_of, _rehash, verify_rows
-from ctrlrun.receipt import GENESIS_HASH, RECEIPT_SCHEMA_V7, UnreadableReceipt, _copy, verify_chain
+from ctrlrun.evidence.chain import BREAKS_KEPT, ChainWalk, _hash_of, _rehash, verify_rows
+from ctrlrun.receipt import verify_chain
+from ctrlrun.evidence.receipt import GENESIS_HASH, RECEIPT_SCHEMA_V7, UnreadableReceipt, _copy
 from ctrlrun.store import codec
-from ctrlrun.store.verifymark import read_mark, verify_and_mark, write_mark
+from ctrlrun.store.verifymark import read_mark, write_mark
+from ctrlrun.store.verify import verify_and_mark
 
 from ._cli_helpers import invoke
 from .clock import Clock

@@ -9,7 +9,7 @@ import pytest
 import ctrlrun
 from ctrlrun import ActionDenied, ApprovalStatus
 from ctrlrun._time import format_ts
-from ctrlrun.receipt import EventType
+from ctrlrun.evidence.receipt import EventType
 
 from ._cli_helpers import invoke, later
 from .vectors import ROOT

@@ -167,7 +167,7 @@ def test_demo_ignores_ctrlrun_variables(workdir, monkeypatch, value):
 
 
 def test_demo_exits_non_zero_when_a_guarantee_breaks(workdir, monkeypatch):
-    import ctrlrun._preconditions as preconditions
+    import ctrlrun.control.preconditions as preconditions
     import ctrlrun.store.steps as steps
 
     monkeypatch.setattr(steps, "check_consumable", lambda *args, **kwargs: None)

@@ -10,7 +10,7 @@ import pytest
 import ctrlrun
 from ctrlrun import EffectState
 from ctrlrun._time import format_ts
-from ctrlrun.receipt import EventType
+from ctrlrun.evidence.receipt import EventType
 
 from ._cli_helpers import invoke, later
 

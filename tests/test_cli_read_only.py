@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ctrlrun import InvalidArgument, SQLiteStateStore
-from ctrlrun.effect import EffectState
-from ctrlrun.receipt import Event, EventType
+from ctrlrun.effects.records import EffectState
+from ctrlrun.evidence.receipt import Event, EventType
 
 from ._cli_helpers import Project, invoke, tree
 from .conftest import FakeClock

@@ -19,7 +19,7 @@ from ctrlrun import (
     context,
     protect,
 )
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.policy import Decision
 
 POLICY = """\

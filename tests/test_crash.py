@@ -21,7 +21,7 @@ from ctrlrun import (
     protect,
 )
 from ctrlrun._time import utc_now
-from ctrlrun.effect import DEFAULT_LEASE, LAPSED_LEASE_ERROR
+from ctrlrun.effects.records import DEFAULT_LEASE, LAPSED_LEASE_ERROR
 from ctrlrun.receipt import verify_chain
 
 from .conftest import FakeClock, create_pg_schema, drop_pg_schema, postgres_url

@@ -98,10 +98,10 @@ def test_corrupt_database(project):
 
 def test_reset_and_cwd_change(project, tmp_path_factory, monkeypatch):
     call()
-    first = ctrlrun._default.default_control()
-    assert ctrlrun._default.default_control() is first
+    first = ctrlrun.control.default.default_control()
+    assert ctrlrun.control.default.default_control() is first
     ctrlrun.reset()
-    assert ctrlrun._default.default_control() is not first
+    assert ctrlrun.control.default.default_control() is not first
     other = tmp_path_factory.mktemp("other")
     shutil.copy(ROOT / "ctrlrun.yaml", other / "ctrlrun.yaml")
     monkeypatch.chdir(other)

@@ -10,9 +10,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ctrlrun._ledger import DelegationRecord
+from ctrlrun.authority.ledger import DelegationRecord
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.receipt import Event, EventType
+from ctrlrun.evidence.receipt import Event, EventType
 from ctrlrun.store.ops import StoreOps
 
 CET = timezone(timedelta(hours=1))

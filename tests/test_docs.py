@@ -8,7 +8,7 @@ How a page is run (one test per page, in a fresh temporary directory, no ``CTRLR
   lines carry ``# error: TEXT`` must fail with a ``PolicyError`` whose message contains ``TEXT``
   (``# error`` alone: any ``PolicyError``). ``# file: NAME`` also writes the block to ``NAME``.
   A block marked ``# grant`` is one delegated grant instead: it loads with
-  ``ctrlrun.authority.grant_from_yaml``.
+  ``ctrlrun.authority.resolve.grant_from_yaml``.
 - ```` ```console ```` blocks: every ``$ ctrlrun …`` line runs the CLI (in process), every
   ``$ python FILE …`` line runs Python on a file of the page (a subprocess), ``$ echo $?`` prints
   the previous exit status, and ``NAME=value`` prefixes set environment variables. The output
@@ -126,7 +126,7 @@ class Page:
         if "file" in marks:
             (self.directory / marks["file"]).write_text(block.body, encoding="utf-8")
         if "grant" in marks:
-            from ctrlrun.authority import grant_from_yaml
+            from ctrlrun.authority.resolve import grant_from_yaml
 
             grant_from_yaml(block.body)
         elif "error" in marks:

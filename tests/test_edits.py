@@ -19,11 +19,10 @@ from ctrlrun import (
     protect,
     with_approval,
 )
-from ctrlrun.edits import grant_with_edits, parse_assignments
+from ctrlrun.approvals.edits import grant_with_edits, parse_assignments
 from ctrlrun.receipt import verify_chain
 
 from ._cli_helpers import invoke
-from .clock import Clock
 from .policies import REFUND_POLICY
 
 POLICY = REFUND_POLICY
@@ -31,7 +30,9 @@ POLICY = REFUND_POLICY
 
 @pytest.fixture
 def clock():
-    return Clock()
+    from ctrlrun.testing import Clock as TestingClock  # what tests/clock.py's Clock is
+
+    return TestingClock()
 
 
 @pytest.fixture

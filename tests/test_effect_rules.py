@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctrlrun.action import Action, Principal
-from ctrlrun.approvals import (
+from ctrlrun.approvals.records import (
     ApprovalRecord,
     ApprovalRequest,
     ApprovalStatus,
@@ -18,7 +18,7 @@ from ctrlrun.approvals import (
     check_answerable,
     check_consumable,
 )
-from ctrlrun.effect import (
+from ctrlrun.effects.records import (
     DEFAULT_LEASE,
     LAPSED_LEASE_ERROR,
     EffectRecord,

@@ -11,7 +11,7 @@ import pytest
 
 from ctrlrun import Control, InMemoryStateStore, Policy, context, protect
 from ctrlrun.action import Action, Principal
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import ActionDenied, AmbiguousEffect, InvalidArgument
 
 POLICY = """\
@@ -151,8 +151,8 @@ def test_the_reconcile_hook_runs_at_most_once_per_call(clock):
 
 
 def test_every_answer_writes_its_event_in_its_own_transaction(store, clock):
-    from ctrlrun.answers import answer_events, resolve_events
-    from ctrlrun.approvals import ApprovalStatus
+    from ctrlrun.approvals.answers import answer_events, resolve_events
+    from ctrlrun.approvals.records import ApprovalStatus
 
     from .test_store_conformance import put_request
 

@@ -11,7 +11,7 @@ import pytest
 
 from ctrlrun._frozen import builder
 from ctrlrun.action import Action, Principal, new_action
-from ctrlrun.effect import EffectRecord, EffectState, new_record
+from ctrlrun.effects.records import EffectRecord, EffectState, new_record
 
 
 @dataclass(frozen=True, slots=True)

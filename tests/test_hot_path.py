@@ -17,7 +17,7 @@ import pytest
 from ctrlrun import Control, Policy, context, protect
 from ctrlrun.action import _FLOAT_FIX as FLOAT_FIX
 from ctrlrun.action import canonical_bytes, check_value, new_id, sha256_hex
-from ctrlrun.effect import LAPSED_LEASE_ERROR, EffectState
+from ctrlrun.effects.records import LAPSED_LEASE_ERROR, EffectState
 from ctrlrun.errors import AmbiguousEffect, DuplicateEffect, InvalidArgument
 from ctrlrun.receipt import GENESIS_HASH, EventType, Receipt, verify_chain
 from ctrlrun.store import SQLiteStateStore
@@ -419,7 +419,7 @@ def typed(value: Any) -> Any:
 
 
 def test_receipt_json_copy_is_the_json_round_trip():
-    from ctrlrun.receipt import _compact, _json_copy
+    from ctrlrun.evidence.receipt import _compact, _json_copy
 
     rnd = random.Random(7)
     for _ in range(5000):
@@ -511,7 +511,7 @@ def test_a_taken_receipt_id_in_the_straight_finish_moves_no_head(tmp_path, clock
         refund(payment_id="p0", amount=100)
         (first,) = store.receipts()
         with monkeypatch.context() as patched:
-            patched.setattr("ctrlrun._straight.new_id", lambda prefix: first.receipt_id)
+            patched.setattr("ctrlrun.control.straight.new_id", lambda prefix: first.receipt_id)
             with pytest.raises(InvalidArgument, match=first.receipt_id):
                 refund(payment_id="p1", amount=100)
         refund(payment_id="p2", amount=100)

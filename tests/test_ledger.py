@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from ctrlrun._ledger import Charge
-from ctrlrun.effect import LAPSED_LEASE_ERROR, EffectState
+from ctrlrun.authority.ledger import Charge
+from ctrlrun.effects.records import LAPSED_LEASE_ERROR, EffectState
 from ctrlrun.errors import (
     AmbiguousEffect,
     BudgetExhausted,
     DuplicateEffect,
     InvalidArgument,
 )
-from ctrlrun.receipt import EventType
+from ctrlrun.evidence.receipt import EventType
 from ctrlrun.store.ops import StoreOps
 
 from .test_store_conformance import LEASE, TICK, granted_request, make_event, make_receipt

@@ -98,7 +98,7 @@ def test_every_public_name_resolves_in_a_fresh_interpreter() -> None:
 
 
 def test_public_names_are_the_defining_modules_objects() -> None:
-    from ctrlrun.control import Control
+    from ctrlrun.control.front import Control
     from ctrlrun.policy.engine import Policy
     from ctrlrun.protect import protect
     from ctrlrun.store.sqlite import SQLiteStateStore

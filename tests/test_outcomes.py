@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ctrlrun import Control, Policy, context, protect
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import AmbiguousEffect, AmbiguousWrite
 from ctrlrun.receipt import verify_chain
 from ctrlrun.store import SQLiteStateStore

@@ -18,8 +18,8 @@ import pytest
 
 import ctrlrun
 from ctrlrun import Control, Policy, context, protect
-from ctrlrun.approvals import ApprovalStatus
-from ctrlrun.effect import EffectState
+from ctrlrun.approvals.records import ApprovalStatus
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import (
     AmbiguousWrite,
     ApprovalMismatch,
@@ -719,7 +719,7 @@ def test_default_control_uses_ctrlrun_store_url(pg_url, pg_schema, tmp_path, mon
 
         with ctrlrun.context(agent="a"):
             assert read("c1") == "c1"
-        control = ctrlrun._default.default_control()
+        control = ctrlrun.control.default.default_control()
         assert isinstance(control.store, PostgresStateStore)
         assert control.store.schema == pg_schema and control.sinks == ()  # no JSONL copy
         assert [r.result for r in control.store.receipts()] == ["committed"]
@@ -746,7 +746,7 @@ def test_the_server_places_receipts_byte_for_byte(pg, clock):
     ``Receipt`` computes, for any text in them; the chain verifies."""
     import json as _json
 
-    from ctrlrun.receipt import Receipt
+    from ctrlrun.evidence.receipt import Receipt
 
     control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
 
@@ -768,7 +768,7 @@ def test_the_server_places_receipts_byte_for_byte(pg, clock):
 
 @needs_server
 def test_a_taken_receipt_id_in_the_one_message_finish_writes_none_of_it(pg, clock, monkeypatch):
-    import ctrlrun._straight as straight
+    import ctrlrun.control.straight as straight
 
     control = Control(Policy.from_yaml(POLICY), pg, clock=clock)
 

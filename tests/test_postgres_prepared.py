@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from ctrlrun import Control, Policy, context, protect
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import InvalidArgument, StoreUnavailable
 from ctrlrun.postgres import PostgresStateStore
 from ctrlrun.receipt import verify_chain

@@ -29,8 +29,8 @@ from ctrlrun import (
     protect,
     with_approval,
 )
-from ctrlrun._preconditions import fingerprint
-from ctrlrun.approvals import build_request
+from ctrlrun.control.preconditions import fingerprint
+from ctrlrun.approvals.records import build_request
 
 from .conftest import STORE_FACTORIES, pg_schema_for, postgres_url
 from .policies import REFUND_POLICY

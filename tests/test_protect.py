@@ -455,7 +455,7 @@ def test_not_executed_is_failed_and_renews(control, store):
     assert receipts[0].error == "connection refused before sending"
     assert [r.attempt for r in receipts] == [1, 2]
     assert tokens[0] != tokens[1]
-    assert tokens[0] == ctrlrun.effect.idempotency_token_for("refund:txn_1", 1)
+    assert tokens[0] == ctrlrun.effects.records.idempotency_token_for("refund:txn_1", 1)
 
 
 def test_any_other_exception_is_ambiguous(control, store):
@@ -628,14 +628,14 @@ def test_idempotency_token_outside_an_executor():
 
 
 def test_token_vectors():
-    from ctrlrun.effect import idempotency_token_for
+    from ctrlrun.effects.records import idempotency_token_for
 
     assert idempotency_token_for("refund:txn_1", 1) == "382ee448-97da-8107-b674-8c253650d93f"
     assert idempotency_token_for("refund:txn_1", 2) == "28bb40af-814c-8fb6-ba63-e8663b1c036d"
 
 
 def test_context_validation_and_nesting():
-    from ctrlrun._ambient import current_hint
+    from ctrlrun.control.ambient import current_hint
 
     with pytest.raises(InvalidArgument):
         with context(agent=""):

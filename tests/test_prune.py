@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert, update
 
-from ctrlrun.acts import ActKind
-from ctrlrun.chain import verify_chain
-from ctrlrun.retention import PruneRefused, parse_duration
+from ctrlrun.evidence.acts import ActKind
+from ctrlrun.receipt import verify_chain
+from ctrlrun.evidence.retention import PruneRefused, parse_duration
 from ctrlrun.store.memory import InMemoryStateStore
 from ctrlrun.store.sqlite import SQLiteStateStore
 

@@ -16,7 +16,7 @@ import pytest
 
 from ctrlrun import Control, DuplicateEffect, Policy, context, protect
 from ctrlrun.action import Action, Principal
-from ctrlrun.effect import EffectRecord, EffectState, plan_reservation, stored_result
+from ctrlrun.effects.records import EffectRecord, EffectState, plan_reservation, stored_result
 from ctrlrun.store import SQLiteStateStore
 
 POLICY = """

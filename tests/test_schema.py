@@ -19,8 +19,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.dialects.postgresql import psycopg as pg_driver
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
-from ctrlrun._ledger import Charge, DelegationRecord
-from ctrlrun.effect import EffectState
+from ctrlrun.authority.ledger import Charge, DelegationRecord
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import BudgetExhausted
 from ctrlrun.receipt import GENESIS_HASH, EventType, verify_chain
 from ctrlrun.store import SQLiteStateStore, StateStore

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ctrlrun import Control, DuplicateEffect, JSONLEventSink, InMemoryStateStore, Policy, context, protect
-from ctrlrun.receipt import Event, Receipt
+from ctrlrun.evidence.receipt import Event, Receipt
 
 POLICY = "schema: ctrlrun.policy/v2\nactions:\n  note.delete:\n    decision: allow\n"
 

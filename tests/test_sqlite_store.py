@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import AmbiguousWrite, CTRLRunError, InvalidArgument, SchemaMismatch
 from ctrlrun.receipt import UnreadableReceipt, verify_chain
 from ctrlrun.store import SQLiteStateStore, open_store_url

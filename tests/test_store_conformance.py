@@ -15,14 +15,14 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from ctrlrun.action import Action, Principal, new_id
-from ctrlrun.approvals import (
+from ctrlrun.approvals.records import (
     ApprovalStatus,
     LocalApprovalProvider,
     ScriptedApprovalProvider,
     VerifiedApprover,
     build_request,
 )
-from ctrlrun.effect import LAPSED_LEASE_ERROR, EffectState
+from ctrlrun.effects.records import LAPSED_LEASE_ERROR, EffectState
 from ctrlrun.errors import (
     ActionDenied,
     AmbiguousEffect,

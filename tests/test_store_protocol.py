@@ -2,9 +2,8 @@
 call on a store, with the keywords they pass, and every store (memory, SQLite, Postgres) is one.
 
 The callers are read from the source: every attribute taken of a store (a name ``store``, or an
-attribute ``.store`` / ``._store``), in the modules that run a call and answer approvals and in
-the two helpers the CLI and the interrupt provider go through (``verify_chain``,
-``grant_with_edits``).
+attribute ``.store`` / ``._store``), in the modules that run a call and answer approvals, the operator library, and
+``verify_chain``.
 """
 
 from __future__ import annotations
@@ -20,19 +19,12 @@ from ctrlrun.store.ops import StoreOps
 
 SRC = Path(ctrlrun.__file__).resolve().parent
 CALLERS = (
-    "control.py",  # Control
-    "_authorize.py",  # the Control's authority step
-    "_delegating.py",  # Control.delegate / revoke
-    "_reconciling.py",  # the Control's reconcile hook
-    "_ceiling.py",  # the attempt ceiling's release of a refused reservation
-    "_starting.py",  # the start of a protected call
-    "_refusals.py",  # refusals recorded, and the key judged before a human is asked
-    "_observing.py",  # observe mode's reads and reservation
+    "control",  # Control and every step of a protected call (the pipeline, its straight path)
     "protect.py",  # @protect, through control.store
-    "approvals.py",  # the Local and Scripted providers
+    "approvals",  # the Local and Scripted providers, grant_with_edits
     "adapter.py",  # InterruptApprovalProvider
-    "edits.py",  # grant_with_edits (the CLI's and the interrupt provider's approve with edits)
-    "chain.py",  # verify_chain (ctrlrun receipts --verify-chain, the demo)
+    "operator",  # the operator library (answers, resolves, pending) the front-ends share
+    "store/verify.py",  # verify_chain (ctrlrun receipts --verify-chain, the demo)
     "store/snapshot.py",  # verify_chain's read of a store of another kind
     "cli",  # the operator commands
 )

@@ -9,9 +9,9 @@ from datetime import timedelta
 
 import pytest
 
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.receipt import Event, EventType
+from ctrlrun.evidence.receipt import Event, EventType
 from ctrlrun.store import SQLiteStateStore
 from ctrlrun.store.reads import prefix_end
 

@@ -151,8 +151,8 @@ def test_flat_arguments_take_a_shortcut_to_the_same_canonical_form(arguments):
 
 def _draft() -> Any:
     """A receipt draft with every key of the document written (constants and values alike)."""
-    from ctrlrun.drafts import ReceiptDraft, receipt_formats
-    from ctrlrun.receipt import _DOCUMENT_KEYS
+    from ctrlrun.evidence.drafts import ReceiptDraft, receipt_formats
+    from ctrlrun.evidence.receipt import _DOCUMENT_KEYS
 
     constants = {key: None for key in _DOCUMENT_KEYS if key not in ("receipt_id", "principal", "seq", "prev_hash")}
     constants.update(schema="ctrlrun.receipt/v8", result="committed", controls=[], approvers=[],
@@ -173,7 +173,7 @@ def _same_moment_clock() -> Any:
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow], deadline=None)
 @given(result=nested, taken=st.booleans(), moved=st.booleans(), sink=st.booleans())
 def test_the_memory_stores_two_shortcuts_write_what_its_general_path_writes(result, taken, moved, sink):
-    from ctrlrun.effect import EffectState
+    from ctrlrun.effects.records import EffectState
     from ctrlrun.store.ops import StoreOps
 
     def run(store: InMemoryStateStore, start: Any, finish: Any) -> Any:
@@ -232,7 +232,7 @@ def test_a_flat_result_is_stored_as_the_compact_encoder_writes_it(result):
 def test_a_results_columns_are_what_its_stored_form_encodes_to(result):
     """The columns written straight from a returned value are those of its stored form: the
     JSON text of ``stored_result`` and whether it is exact, for flat objects and all the rest."""
-    from ctrlrun.effect import stored_result
+    from ctrlrun.effects.records import stored_result
     from ctrlrun.store.codec import dumps, result_columns
 
     stored, exact = stored_result(result)
@@ -270,7 +270,7 @@ def test_the_sqlite_stores_two_shortcuts_write_what_its_general_path_writes(resu
     from pathlib import Path
 
     from ctrlrun import SQLiteStateStore
-    from ctrlrun.effect import EffectState
+    from ctrlrun.effects.records import EffectState
     from ctrlrun.store.ops import StoreOps
 
     def run(start: Any, finish: Any) -> Any:
@@ -322,7 +322,7 @@ _form_text = st.lists(st.sampled_from(list('ab{}"\'\\%\n`') + ['"""', "{x}", "%(
 def test_a_compiled_writer_writes_what_the_percent_format_writes(texts, values):
     """Whatever the constant texts hold (quotes, braces, backslashes, ``%``), the compiled
     writer joins the same text as ``form % values``."""
-    from ctrlrun.drafts import writer
+    from ctrlrun.evidence.drafts import writer
 
     keys = ["seq", "prev_hash", "k_1", "action"]
     form = "".join(text.replace("%", "%%") + (f"%({keys[i]})s" if i < len(texts) - 1 else "")

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 import ctrlrun
-from ctrlrun import EffectState, NotExecuted, _ambient
+from ctrlrun import EffectState, NotExecuted
+from ctrlrun.control import ambient as _ambient
 from ctrlrun.transport import (
     HTTPConnection,
     HTTPSConnection,

@@ -9,7 +9,7 @@ from importlib.resources import files
 import pytest
 
 from ctrlrun import Control, InMemoryStateStore, Policy
-from ctrlrun._settings import CallOptions
+from ctrlrun.control.options import CallOptions
 
 
 def test_py_typed_ships_with_the_package():
@@ -37,7 +37,7 @@ def test_receipt_result_and_decision_are_their_enums_and_the_json_is_unchanged()
 
     from ctrlrun import context, protect
     from ctrlrun.policy import Decision
-    from ctrlrun.receipt import Receipt, ReceiptResult
+    from ctrlrun.evidence.receipt import Receipt, ReceiptResult
 
     policy = Policy.from_yaml(
         "schema: ctrlrun.policy/v2\nactions:\n  a.b:\n    effect: \"k:{x}\"\n    decision: allow\n"

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ctrlrun import Control, Policy, SQLiteStateStore, context, protect
-from ctrlrun.chain import verify_chain
+from ctrlrun.receipt import verify_chain
 from ctrlrun.errors import DuplicateEffect, InvalidArgument
 
 from .conftest import STORE_FACTORIES, drop_test_store

@@ -17,7 +17,7 @@ from ctrlrun import (
     context,
     protect,
 )
-from ctrlrun.approvals import ApprovalStatus
+from ctrlrun.approvals.records import ApprovalStatus
 
 POLICY = """\
 schema: ctrlrun.policy/v2

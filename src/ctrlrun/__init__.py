@@ -12,8 +12,8 @@ from ._lazy import lazy_exports
 from .protect import protect  # eager: ``ctrlrun.protect`` is the decorator, never the submodule
 
 if TYPE_CHECKING:
-    from ._ambient import context, idempotency_token, with_approval
-    from ._default import reset
+    from .control.ambient import context, idempotency_token, with_approval
+    from .control.default import reset
     from .adapter import (
         ApprovalAnswer, ApprovalNotAsked, FrameworkInterrupt, InterruptApprovalProvider,
         PendingApproval, banner, needs_approval,
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         canonical_bytes,
         canonicalize,
     )
-    from .approvals import (
+    from .approvals.records import (
         Approval,
         ApprovalProvider,
         ApprovalRecord,
@@ -34,9 +34,9 @@ if TYPE_CHECKING:
         LocalApprovalProvider,
         ScriptedApprovalProvider,
     )
-    from .control import Control, ReconcileOutcome
-    from .edits import grant_with_edits
-    from .effect import EffectRecord, EffectState, Reservation
+    from .control.front import Control, ReconcileOutcome
+    from .approvals.edits import grant_with_edits
+    from .effects.records import EffectRecord, EffectState, Reservation
     from .errors import (
         ActionDenied,
         AmbiguousEffect,
@@ -65,7 +65,7 @@ if TYPE_CHECKING:
     )
     from .identity import IdentityProvider, StaticIdentityProvider
     from .policy import Decision, Evaluation, Policy
-    from .receipt import (
+    from .evidence.receipt import (
         Event,
         EventSink,
         JSONLEventSink,
@@ -77,10 +77,10 @@ if TYPE_CHECKING:
 # Public name -> the submodule that defines it; read by ``__getattr__`` on first use.
 _LAZY: dict[str, str] = {
     "__version__": "_version",
-    "context": "_ambient",
-    "idempotency_token": "_ambient",
-    "with_approval": "_ambient",
-    "reset": "_default",
+    "context": "control.ambient",
+    "idempotency_token": "control.ambient",
+    "with_approval": "control.ambient",
+    "reset": "control.default",
     "ApprovalAnswer": "adapter",
     "ApprovalNotAsked": "adapter",
     "FrameworkInterrupt": "adapter",
@@ -93,19 +93,19 @@ _LAZY: dict[str, str] = {
     "action_hash": "action",
     "canonical_bytes": "action",
     "canonicalize": "action",
-    "Approval": "approvals",
-    "ApprovalProvider": "approvals",
-    "ApprovalRecord": "approvals",
-    "ApprovalRequest": "approvals",
-    "ApprovalStatus": "approvals",
-    "LocalApprovalProvider": "approvals",
-    "ScriptedApprovalProvider": "approvals",
-    "Control": "control",
-    "ReconcileOutcome": "control",
-    "grant_with_edits": "edits",
-    "EffectRecord": "effect",
-    "EffectState": "effect",
-    "Reservation": "effect",
+    "Approval": "approvals.records",
+    "ApprovalProvider": "approvals.records",
+    "ApprovalRecord": "approvals.records",
+    "ApprovalRequest": "approvals.records",
+    "ApprovalStatus": "approvals.records",
+    "LocalApprovalProvider": "approvals.records",
+    "ScriptedApprovalProvider": "approvals.records",
+    "Control": "control.front",
+    "ReconcileOutcome": "control.front",
+    "grant_with_edits": "approvals.edits",
+    "EffectRecord": "effects.records",
+    "EffectState": "effects.records",
+    "Reservation": "effects.records",
     "ActionDenied": "errors",
     "AmbiguousEffect": "errors",
     "AmbiguousWrite": "errors",
@@ -135,10 +135,10 @@ _LAZY: dict[str, str] = {
     "Decision": "policy",
     "Evaluation": "policy",
     "Policy": "policy",
-    "Event": "receipt",
-    "EventSink": "receipt",
-    "JSONLEventSink": "receipt",
-    "Receipt": "receipt",
+    "Event": "evidence.receipt",
+    "EventSink": "evidence.receipt",
+    "JSONLEventSink": "evidence.receipt",
+    "Receipt": "evidence.receipt",
     "InMemoryStateStore": "store",
     "SQLiteStateStore": "store",
     "StateStore": "store",

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol, runtime_checkable, cast
 
-from ._settings import ReadOnly
+from .control.options import ReadOnly
 from ._time import utc_now
 from .action import Action, check_value, freeze, thaw
-from .approvals import (
+from .approvals.records import (
     DEFAULT_APPROVAL_TTL,
     Approval,
     ApprovalRecord,
@@ -27,8 +27,8 @@ from .approvals import (
     ApprovalStatus,
     build_request,
 )
-from .answers import answer_events
-from .effect import EffectState, check_line_text, plan_reservation
+from .approvals.answers import answer_events
+from .effects.records import EffectState, check_line_text, plan_reservation
 from .errors import ApprovalMismatch, ApprovalTimeout, CTRLRunError, EffectKeyError, InvalidArgument
 from .policy import Decision, render_effect_key, render_resource
 
@@ -350,7 +350,7 @@ class InterruptApprovalProvider:
             self._store.deny_approval(request_id, answer.approver, events=said)
             return None
         if edits is not None:
-            from .edits import grant_with_edits
+            from .approvals.edits import grant_with_edits
 
             approval, _ = grant_with_edits(
                 self._store, request_id, answer.approver, thaw(edits), policy=self._policy,
@@ -465,7 +465,7 @@ def _refused_before_asking(control: Any, action: Action, effect: str | None = No
         return True
     if plan.kind in ("refuse", "keep_then_refuse"):
         return True
-    from ._ceiling import over_ceiling
+    from .control.ceiling import over_ceiling
 
     ceiling = control.policy.max_attempts(action.name)
     return record.state is EffectState.FAILED and over_ceiling(record.attempt + 1, ceiling)

@@ -11,11 +11,11 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 
-from . import _ambient
-from ._default import cached_control, default_control
-from ._steps import GIVE_WAY, Steps, drive, drive_async
-from ._settings import _Options
-from ._steps import call as blocking
+from .control import ambient as _ambient
+from .control.default import cached_control, default_control
+from .control.steps import GIVE_WAY, Steps, drive, drive_async
+from .control.options import _Options
+from .control.steps import call as blocking
 from .action import Action, new_action
 from .errors import ActionDenied, ApprovalMismatch, ApprovalRequired, EffectKeyError, InvalidArgument
 from .policy.templates import (
@@ -26,8 +26,8 @@ from .policy.templates import (
 )
 
 if TYPE_CHECKING:  # a Control is built (and its module loaded) by whoever passes one, or the default
-    from ._settings import Reconcile
-    from .control import Control
+    from .control.options import Reconcile
+    from .control.front import Control
 
 __all__ = ["protect"]
 
@@ -192,7 +192,7 @@ class _Protected:
         resource = None
         if resource_template is not None:
             resource = render_resource(resource_template, arguments)
-        action = new_action(self.name, arguments, principal, resource, control._environment)
+        action = new_action(self.name, arguments, principal, resource, control.wiring.environment)
         effect_key, effect_error = None, None
         if effect is not None:
             # the checked arguments render as their canonical form would, when plain
@@ -300,17 +300,17 @@ class _Protected:
             settings = self._settings
             if settings is None or settings[0] is not control:
                 # what Control.straight checks of this function's settings, once per Control
-                checked = control._options(call.action, None, lease=self.lease,
-                                           reconcile=self.reconcile,
-                                           reconcile_eagerly=self.reconcile_eagerly)  # fmt: skip
+                checked = control.wiring.options(call.action, None, lease=self.lease,
+                                                 reconcile=self.reconcile,
+                                                 reconcile_eagerly=self.reconcile_eagerly)  # fmt: skip
                 settings = self._settings = (control, checked)
             key, base = call.effect_key, settings[1]
             if key is not None and (key == "" or key.startswith("policy:")):
-                control._options(call.action, key)  # refused: the error names the key
+                control.wiring.options(call.action, key)  # refused: the error names the key
             options = _Options(key, base.lease, base.reconcile, base.reconcile_eagerly, call.task,
                                call.hop, base.preconditions)  # fmt: skip
-            value, evaluation = control._straight.run(call.action, self.executor(call.action),
-                                                      key, options)  # fmt: skip
+            value, evaluation = control.wiring.straight.run(call.action, self.executor(call.action),
+                                                            key, options)  # fmt: skip
             if value is not GIVE_WAY:
                 return value
         return drive(self.steps(call, evaluation))
@@ -407,7 +407,7 @@ def protect(
     if not isinstance(wait, bool):
         raise InvalidArgument(f"@protect({name!r}): wait= must be True or False")
     if control is not None:
-        from .control import Control  # loaded already: whoever built this control imported it
+        from .control.front import Control  # loaded already: whoever built this control imported it
 
         if not isinstance(control, Control):
             raise InvalidArgument(f"@protect({name!r}): control= must be a ctrlrun.Control")

@@ -15,9 +15,9 @@ import urllib.request
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, cast
 
-from . import _ambient
-from ._attempt import message_of
-from .effect import EffectState
+from .control import ambient as _ambient
+from .control.attempt import message_of
+from .effects.records import EffectState
 from .errors import NotExecuted
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("starlette")
 
 from ctrlrun import ActionDenied, ApprovalMismatch, ApprovalStatus, EffectState
-from ctrlrun.receipt import EventType
+from ctrlrun.evidence.receipt import EventType
 
 from .._cli_helpers import invoke
 from ..conftest import FakeClock

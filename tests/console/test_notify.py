@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 import ctrlrun
-from ctrlrun.approvals import ApprovalStatus
+from ctrlrun.approvals.records import ApprovalStatus
 from ctrlrun.console.notify import Notifier, backoff, start_notifier
 from ctrlrun.console.settings import NotifySettings
 from ctrlrun.errors import InvalidArgument
-from ctrlrun.receipt import EventType
+from ctrlrun.evidence.receipt import EventType
 from ctrlrun.store import open_store_url
 from ctrlrun.store.notifications import NotificationRows
 
@@ -279,7 +279,7 @@ def test_a_request_without_its_event_is_told_after_a_grace_with_no_effect_key(
     agents, receiver, notifiers, clock
 ):
     from ctrlrun.action import Action, Principal
-    from ctrlrun.approvals import build_request
+    from ctrlrun.approvals.records import build_request
 
     action = Action("deploy", {"env": "prod"}, Principal("ops-agent"), environment="staging")
     request = build_request(action, timedelta(hours=1), clock())

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from ctrlrun import Control, InMemoryStateStore, Policy, Principal
-from ctrlrun.answers import answer_events
+from ctrlrun.approvals.answers import answer_events
 from ctrlrun.cli.inspecting import inspect_story
 from ctrlrun.gateway.config import GatewayConfig
 from ctrlrun.gateway.intercept import Interceptor

@@ -24,9 +24,9 @@ from mcp_types import CallToolResult, ElicitRequestParams, ElicitResult
 import ctrlrun
 from ctrlrun import ApprovalStatus, Control, Policy, SQLiteStateStore
 from ctrlrun._time import format_ts
-from ctrlrun.effect import EffectState
+from ctrlrun.effects.records import EffectState
 from ctrlrun.errors import MissingDependency
-from ctrlrun.receipt import EventType
+from ctrlrun.evidence.receipt import EventType
 
 from ..policies import REFUND_POLICY
 

@@ -23,7 +23,7 @@ __all__ = ["anchor"]
 @click.pass_obj
 def anchor(settings: Settings, provider: str, kind: str, verify: bool, as_json: bool, store_url: str | None) -> None:
     """Record the chain heads with an anchor provider, or --verify the store against its anchors."""
-    from ..anchors import AnchorUnavailable, make_anchors, verify_anchors
+    from ..evidence.anchors import AnchorUnavailable, make_anchors, verify_anchors
 
     chosen = load_object(provider)
     if verify:

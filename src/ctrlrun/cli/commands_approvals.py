@@ -9,8 +9,8 @@ import click
 
 from .. import operator
 from .._time import format_ts
-from ..approvals import Approval, ApprovalRecord
-from ..edits import edited_arguments, parse_assignments
+from ..approvals.records import Approval, ApprovalRecord
+from ..approvals.edits import edited_arguments, parse_assignments
 from ..errors import InvalidArgument
 from ..policy import Policy
 from ..store import StateStore

@@ -11,14 +11,14 @@ from typing import Any
 
 import click
 
-from .._locations import open_default_store, policy_path
+from ..control.locations import open_default_store, policy_path
 from .._time import format_ts
 from ..action import Principal
-from ..control import Control
-from ..effect import EffectState
+from ..control.front import Control
+from ..effects.records import EffectState
 from ..errors import AuthorityEscalation, CTRLRunError, InvalidArgument
 from ..policy import Policy
-from ..receipt import JSONLEventSink
+from ..evidence.receipt import JSONLEventSink
 from ..store import open_store_url
 from .commands_stats import observe_banner
 from .options import json_lines_option
@@ -68,7 +68,7 @@ def _control(settings: Settings, store_url: str | None) -> Iterator[Control]:
 def delegate(settings: Settings, parent_id: str, grant_file: Path, as_: str, as_json: bool,
              store_url: str | None) -> None:  # fmt: skip
     """Record a delegation of part of PARENT's grant; it can never be wider than its parent."""
-    from ..authority import grant_from_yaml
+    from ..authority.resolve import grant_from_yaml
 
     by = _principal(as_, "--as")
     try:
@@ -161,7 +161,7 @@ def revoke(settings: Settings, delegation_id: str | None, created_by: str | None
 
 def _remaining(store: Any, revoked: Any, now: Any) -> str:
     """How many live delegations still hand a grant to the revoked one's subject, named."""
-    from ..authority import read_delegation
+    from ..authority.resolve import read_delegation
 
     subject = read_delegation(revoked).grant
     who = "/".join(p for p in (subject.agent, subject.user) if p) or "?"
@@ -199,7 +199,7 @@ def window_text(seconds: int) -> str:
 
 def _budgets_of(control: Control, grant_id: str) -> Any:
     """The budgets of a root grant (from the policy) or of a delegation (from the store)."""
-    from ..authority import read_delegation
+    from ..authority.resolve import read_delegation
 
     authority = control.authority
     if authority is None:

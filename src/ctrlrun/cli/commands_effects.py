@@ -9,9 +9,8 @@ import click
 
 from .. import operator
 from .._time import format_ts
-from .._ledger import Consumption
-from ..effect import EffectRecord, EffectState
-from ..errors import CTRLRunError, InvalidArgument
+from ..authority.ledger import Consumption
+from ..effects.records import EffectRecord, EffectState
 from ..store import StateStore
 from .commands_approvals import CLI_ANSWERER
 from .options import check_paging, json_lines_option, more_hint, paging_options

@@ -6,7 +6,7 @@ import click
 
 from .._time import format_ts
 from ..action import canonical_bytes
-from ..approvals import ApprovalRecord
+from ..approvals.records import ApprovalRecord
 from ..operator.pending import pending_document, policy_keys
 from .options import check_paging, json_lines_option, paging_options
 from .stores import Settings, open_operator_store, store_url_option

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..receipt import Receipt, UnreadableReceipt
+from ..evidence.receipt import Receipt, UnreadableReceipt
 from ..store import StateStore
 from .options import check_paging, json_lines_option, paging_options
 from .stores import Settings, open_operator_store, store_url_option

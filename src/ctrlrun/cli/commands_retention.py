@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..errors import CTRLRunError, InvalidArgument
-from ..retention import Hold, PruneRefused, parse_duration
+from ..evidence.retention import Hold, PruneRefused, parse_duration
 from .options import json_lines_option
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
@@ -105,7 +105,7 @@ class _Unavailable(CTRLRunError):
 
 def _anchor(provider: Any) -> Any:
     def anchor(seq: int, hash: str) -> None:
-        from ..anchors import anchor_checkpoint
+        from ..evidence.anchors import anchor_checkpoint
 
         try:
             anchor_checkpoint(provider, seq, hash)

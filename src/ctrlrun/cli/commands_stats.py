@@ -14,11 +14,11 @@ from typing import Any
 
 import click
 
-from .._locations import policy_path
+from ..control.locations import policy_path
 from .._time import format_ts, parse_ts
 from ..errors import InvalidArgument
 from ..policy import Policy
-from ..receipt import Receipt
+from ..evidence.receipt import Receipt
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
 

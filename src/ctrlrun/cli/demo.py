@@ -11,7 +11,7 @@ import click
 
 from .. import context, with_approval
 from ..errors import AmbiguousEffect, ApprovalMismatch, ApprovalRequired, CTRLRunError, DuplicateEffect
-from ..receipt import verify_chain
+from ..store.verify import verify_chain
 from .demo_authority import authority_escalation
 from .demo_world import DEMO_APPROVER, DEMO_DIR, POLICY_SUMMARY, DemoWorld, build_world
 from .stores import Settings

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from .._time import format_ts
 from ..action import Action, Principal
-from ..control import Control
+from ..control.front import Control
 from ..errors import ApprovalRequired, AuthorityDenied, AuthorityEscalation, CTRLRunError
 from ..policy import Policy
 from .demo_world import DemoWorld
@@ -71,7 +71,7 @@ def _refund(control: Control, payment_id: str, amount: int) -> Action:
 
 def authority_escalation(world: DemoWorld) -> bool:
     """A human's €100,000 grant, narrowed twice; asking beyond the narrowest one is refused."""
-    from ..authority import grant_from_yaml
+    from ..authority.resolve import grant_from_yaml
 
     now = world.control.clock()
     root_expiry = format_ts(now + timedelta(days=365))

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from .._time import Clock, utc_now
-from ..approvals import ScriptedApprovalProvider
-from ..control import Control
+from ..approvals.records import ScriptedApprovalProvider
+from ..control.front import Control
 from ..policy import Policy
 from ..protect import protect
-from ..receipt import JSONLEventSink
+from ..evidence.receipt import JSONLEventSink
 from ..store import SQLiteStateStore
 
 __all__ = ["DEMO_DIR", "DEMO_FILES", "DemoWorld", "FakePayments", "build_world", "clear_demo_dir"]

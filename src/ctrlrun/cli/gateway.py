@@ -271,10 +271,10 @@ def _config(options: dict[str, Any]) -> tuple[Any, Path]:
 
 
 def _control(policy_file: Path, store_url: str | None, environment: str | None) -> Any:
-    from .._locations import open_default_store
-    from ..control import Control
+    from ..control.locations import open_default_store
+    from ..control.front import Control
     from ..policy import Policy
-    from ..receipt import JSONLEventSink
+    from ..evidence.receipt import JSONLEventSink
     from ..store import open_store_url
 
     policy = Policy.from_file(policy_file)

@@ -9,7 +9,7 @@ from typing import Any
 from .._time import format_ts
 from ..action import canonical_bytes
 from ..errors import CTRLRunError
-from ..receipt import Event, EventType, Receipt, UnreadableReceipt
+from ..evidence.receipt import Event, EventType, Receipt, UnreadableReceipt
 from ..store import StateStore
 from .text import compact_json, say, say_raw
 

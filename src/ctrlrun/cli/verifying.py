@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import click
 
-from ..chain import ChainReport, verify_chain
+from ..evidence.chain import ChainReport
+from ..store.verify import verify_chain
 from ..errors import CTRLRunError
 from ..store import StateStore
 from ..store.verifymark import mark_verified

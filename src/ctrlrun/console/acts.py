@@ -8,8 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from .. import operator
-from ..approvals import ApprovalRecord, ApprovalStatus
-from ..effect import EffectRecord
+from ..approvals.records import ApprovalRecord, ApprovalStatus
+from ..effects.records import EffectRecord
 from ..errors import ActionDenied, CTRLRunError, InvalidArgument
 from ..policy import Policy
 from ..settings import policy_path

@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import yaml
 

@@ -18,10 +18,10 @@ from typing import Any
 
 from .._time import format_precise, format_ts, parse_ts, utc_now
 from ..action import new_id
-from ..approvals import ApprovalRecord
-from ..effect import EffectState
+from ..approvals.records import ApprovalRecord
+from ..effects.records import EffectState
 from ..errors import CTRLRunError, InvalidArgument, MissingDependency
-from ..receipt import Event, EventType
+from ..evidence.receipt import Event, EventType
 from ..store import open_store_url
 from ..store.notifications import Notification, NotificationRows
 from .notify_body import (

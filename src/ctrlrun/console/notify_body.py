@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._time import format_ts
-from ..approvals import ApprovalRecord
+from ..approvals.records import ApprovalRecord
 from ..operator.text import safe
 from ..errors import InvalidArgument
-from ..receipt import Receipt
+from ..evidence.receipt import Receipt
 
 __all__ = [
     "APPROVAL_ESCALATED",

@@ -10,13 +10,13 @@ from typing import Any
 
 from .._time import format_ts
 from ..action import canonical_bytes
-from ..approvals import ApprovalRecord, ApprovalStatus
-from ..chain import ChainReport
+from ..approvals.records import ApprovalRecord, ApprovalStatus
+from ..evidence.chain import ChainReport
 from ..operator.answers import Decision, decision_of
 from ..operator.pending import effect_state, pending_document, requested_key
 from ..operator.text import safe
-from ..effect import EffectState
-from ..receipt import Event, EventType, Receipt, UnreadableReceipt
+from ..effects.records import EffectState
+from ..evidence.receipt import Event, EventType, Receipt, UnreadableReceipt
 from ..store import StateStore
 
 __all__ = [
@@ -204,7 +204,7 @@ def _receipt_row(row: Receipt | UnreadableReceipt) -> dict[str, Any]:
 def receipts_view(store: StateStore, limit: int = 100) -> tuple[list[dict[str, Any]], ChainReport]:
     """The most recent receipts (newest first) and the chain's check from the store's verified
     mark (the receipts written since it, so a page costs the new rows; the mark then moves)."""
-    from ..store.verifymark import verify_and_mark
+    from ..store.verify import verify_and_mark
 
     report = verify_and_mark(store, since_verified=True)
     rows = store.last_receipts(limit)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from .._time import format_ts
-from ..receipt import Receipt
+from ..evidence.receipt import Receipt
 from .wire import CODES, INTERNAL_ERROR, INVALID_PARAMS, error
 
 __all__ = ["Answers", "RECEIPT_META"]

@@ -6,7 +6,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
-from ..control import Control
+from ..control.front import Control
 from .config import GatewayConfig
 from .intercept import Interceptor
 from .tools import Catalog

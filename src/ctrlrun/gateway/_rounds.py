@@ -12,11 +12,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..action import Action
-from .outcome import Verdict, classify
+from .outcome import Forward, Reply, Verdict, classify
 
 if TYPE_CHECKING:
     from ._answers import Answers
-    from .intercept import Forward, Reply
 
 __all__ = ["Rounds", "Settling"]
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any
 
-from .. import _ambient
-from .._steps import drive
+from ..control import ambient as _ambient
+from ..control.steps import drive
 from ..action import Action, Principal
-from ..approvals import ApprovalStatus
-from ..control import Control
+from ..approvals.records import ApprovalStatus
+from ..control.front import Control
 from ..errors import (
     ActionDenied,
     AmbiguousEffect,
@@ -33,24 +32,17 @@ from ..errors import (
     NotExecuted,
 )
 from ..policy import Decision, render_effect_key, render_resource
-from ..receipt import Receipt
+from ..evidence.receipt import Receipt
 from ._answers import Answers
 from ._rounds import Rounds, Settling
 from .config import GatewayConfig
-from .outcome import Observation, Verdict, classify
+from .outcome import Forward, Reply, Verdict, classify
 from .tools import Catalog, SchemaRefusal
 from .wire import TOOL_NAME, float_pointer
 
 __all__ = ["Forward", "Interceptor", "Reply"]
 
 log = logging.getLogger("ctrlrun.gateway")
-
-#: Sends the (rewritten) request upstream and answers what the gateway observed. A transport
-#: relays anything the upstream sends before its answer (notifications, server-to-client
-#: requests, SSE events) to the client itself, and returns only the final observation.
-Forward = Callable[[dict[str, Any]], Observation]
-#: Sends one JSON-RPC message to the client that made this request.
-Reply = Callable[[dict[str, Any]], None]
 
 TOKEN_META = "com.ctrlrun/idempotency_token"
 

@@ -20,12 +20,12 @@ from pydantic import BaseModel, Field
 
 from .._time import format_ts, utc_now
 from ..action import Action, canonical_bytes
-from ..approvals import ApprovalRecord, check_answerable
+from ..approvals.records import ApprovalRecord, check_answerable
 from .. import operator
 from ..operator.text import compact_json, safe
-from ..effect import EffectRecord, EffectState, check_resolve
+from ..effects.records import EffectRecord, EffectState, check_resolve
 from ..errors import CTRLRunError
-from ..receipt import Receipt
+from ..evidence.receipt import Receipt
 from ..store import StateStore
 
 __all__ = ["OPERATOR_ANSWERER", "Confirmation", "build_server", "serve"]

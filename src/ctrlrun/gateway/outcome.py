@@ -7,6 +7,7 @@ so for that action, and then only for an answer that reports failure.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,3 +110,11 @@ def classify(observation: Observation, *, revision: str | None, not_executed_on_
     if result.get("isError") not in (None, False):
         return Verdict("ambiguous", message, "the upstream's isError is not a boolean")
     return Verdict("committed", message, "the tool answered a result")
+
+
+#: Sends the (rewritten) request upstream and answers what the gateway observed. A transport
+#: relays anything the upstream sends before its answer (notifications, server-to-client
+#: requests, SSE events) to the client itself, and returns only the final observation.
+Forward = Callable[[dict[str, Any]], Observation]
+#: Sends one JSON-RPC message to the client that made this request.
+Reply = Callable[[dict[str, Any]], None]

@@ -10,13 +10,13 @@ from datetime import datetime
 from typing import Any
 
 from .._time import format_ts
-from ..answers import answer_events, resolve_events
-from ..approvals import Approval, ApprovalRecord, ApprovalStatus
-from ..edits import grant_with_edits
-from ..effect import EffectRecord, EffectState
+from ..approvals.answers import answer_events, resolve_events
+from ..approvals.records import Approval, ApprovalRecord, ApprovalStatus
+from ..approvals.edits import grant_with_edits
+from ..effects.records import EffectRecord, EffectState
 from ..errors import ApprovalMismatch, CTRLRunError, InvalidArgument
 from ..policy import Policy
-from ..receipt import Event, EventType
+from ..evidence.receipt import Event, EventType
 from ..store import StateStore
 
 __all__ = ["Answer", "AnswerRefused", "Decision", "decision_of", "deny", "edit", "grant", "resolve"]

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from .._time import format_ts
-from ..approvals import ApprovalRecord
-from ..effect import EffectState
+from ..approvals.records import ApprovalRecord
+from ..effects.records import EffectState
 from ..errors import CTRLRunError, EffectKeyError
 from ..policy import Policy, render_effect_key
-from ..receipt import EventType
+from ..evidence.receipt import EventType
 from ..store import StateStore
 
 __all__ = ["KeyOf", "effect_state", "pending_document", "policy_keys", "requested_key"]

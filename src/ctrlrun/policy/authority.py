@@ -9,7 +9,7 @@ from typing import Any
 
 from ..action import thaw
 from ..errors import PolicyError
-from ._grant import Budget, Grant, GrantInvalid, parse_expiry, parse_window
+from .grants import Budget, Grant, GrantInvalid, parse_expiry, parse_window
 from .context import SCHEMAS, LoadContext, describe, type_name
 from .loader import load_yaml
 

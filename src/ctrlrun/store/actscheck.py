@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..acts import (
+from ..evidence.acts import (
     ActKind,
     ActsCoverage,
     ActsWalk,
@@ -22,7 +22,7 @@ from ..acts import (
     judge_spent,
     spending_receipt,
 )
-from ..chain import BREAKS_KEPT, ChainBreak, ChainReport
+from ..evidence.chain import BREAKS_KEPT, ChainBreak, ChainReport
 from .verifymark import VerifiedMark
 
 __all__ = ["check_acts"]

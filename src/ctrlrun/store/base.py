@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol, runtime_checkable
 
-from .._ledger import Charge, Consumption, DelegationRecord
+from ..authority.ledger import Charge, Consumption, DelegationRecord
 from ..action import Action
-from ..approvals import Approval, ApprovalRecord, ApprovalRequest, VerifiedApprover
-from ..effect import EffectRecord, EffectState, Reservation
-from ..drafts import EventRow, ReceiptDraft
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..approvals.records import Approval, ApprovalRecord, ApprovalRequest, VerifiedApprover
+from ..effects.records import EffectRecord, EffectState, Reservation
+from ..evidence.drafts import EventRow, ReceiptDraft
+from ..evidence.receipt import Event, Receipt, UnreadableReceipt
 
 __all__ = ["StateStore"]
 

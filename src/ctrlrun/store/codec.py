@@ -9,11 +9,11 @@ from typing import Any
 
 from .._time import format_precise, parse_ts
 from ..action import _flat_text, action_from_dict, action_to_dict, encoder_of
-from ..approvals import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
-from ..effect import EffectRecord, EffectState, new_record, stored_result
+from ..approvals.records import ApprovalRecord, ApprovalRequest, ApprovalStatus, VerifiedApprover
+from ..effects.records import EffectRecord, EffectState, new_record, stored_result
 from ..errors import InvalidArgument
-from ..drafts import EventRow, ReceiptDraft
-from ..receipt import Event, Receipt, UnreadableReceipt, _compact
+from ..evidence.drafts import EventRow, ReceiptDraft
+from ..evidence.receipt import Event, Receipt, _compact, receipt_from_row
 
 __all__ = [
     "approval_from_row",
@@ -368,17 +368,3 @@ def receipt_to_row(receipt: Receipt, document: dict[str, Any] | None = None) -> 
         "hash": receipt.hash,
         "approval_id": _free_text(receipt.approval_id, "receipt approval_id"),
     }
-
-
-def receipt_from_row(row: Mapping[str, Any]) -> Receipt | UnreadableReceipt:
-    """The stored receipt with its stored hash, or an ``UnreadableReceipt`` naming the row."""
-    try:
-        return Receipt.from_json(row["json"], hash=row["hash"], stored_seq=row["seq"])
-    except Exception as exc:
-        return UnreadableReceipt(
-            seq=row["seq"],
-            receipt_id=row["receipt_id"],
-            error=f"{type(exc).__name__}: {exc}",
-            hash=row["hash"],
-            raw=row["json"],
-        )

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..receipt import GENESIS_HASH
-from ..retention import Checkpoint, Hold
+from ..evidence.receipt import GENESIS_HASH
+from ..evidence.retention import Checkpoint, Hold
 
 __all__ = ["EvidenceData", "MemoryEvidenceRows"]
 

@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 
 from .._time import format_precise, format_ts
 from ..action import Action, Principal, canonical_bytes, new_id
-from ..acts import Act, ActKind, act_document, act_from_row, act_hash
-from ..effect import check_line_text
+from ..evidence.acts import Act, ActKind, act_document, act_from_row, act_hash
+from ..effects.records import check_line_text
 from ..errors import InvalidArgument
-from ..receipt import Receipt
-from ..retention import (
+from ..evidence.receipt import Receipt
+from ..evidence.retention import (
     CHECKPOINT_SCHEMA,
     PRUNE_ACTION,
     PRUNE_BATCH,

@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import Table, bindparam, delete, literal_column, or_, select, update
 from sqlalchemy.sql.expression import ClauseElement
 
-from ..retention import Checkpoint, Hold
-from .statements import Compiled
+from ..evidence.retention import Checkpoint, Hold
+from .compiled import Compiled
 
 __all__ = ["EvidenceRows", "EvidenceStatements"]
 

@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._ledger import Charge, Consumption, DelegationRecord, first_exhausted, ledger_rows
+from ..authority.ledger import Charge, Consumption, DelegationRecord, first_exhausted, ledger_rows
 from .._time import format_precise, parse_ts
-from ..effect import EffectRecord, EffectState, Reservation
+from ..effects.records import EffectRecord, EffectState, Reservation
 from ..errors import BudgetExhausted, InvalidArgument
 from .rows import Tx
 

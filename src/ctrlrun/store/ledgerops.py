@@ -7,12 +7,12 @@ from dataclasses import replace
 from datetime import datetime
 from typing import TypeVar
 
-from .._ledger import Consumption, DelegationRecord
+from ..authority.ledger import Consumption, DelegationRecord
 from .._time import format_precise
-from ..acts import ActKind
-from ..effect import check_line_text
+from ..evidence.acts import ActKind
+from ..effects.records import check_line_text
 from ..errors import InvalidArgument
-from ..receipt import Event
+from ..evidence.receipt import Event
 from .evidenceops import record_act
 from .ledger import check_delegation, check_filter, check_moment
 from .rows import Tx

@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Table, bindparam, func, insert, literal_column, select, update
 from sqlalchemy.sql.expression import ClauseElement
 
-from .._ledger import Consumption, DelegationRecord
+from ..authority.ledger import Consumption, DelegationRecord
 from . import codec
 from .ledger import (
     DELEGATION_FIELDS,
@@ -28,7 +28,7 @@ from .ledger import (
     delegation_from_row,
     delegation_to_row,
 )
-from .statements import Compiled
+from .compiled import Compiled
 
 __all__ = ["LedgerRows", "LedgerStatements"]
 

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from .._ledger import Charge, Consumption, DelegationRecord
+from ..authority.ledger import Charge, Consumption, DelegationRecord
 from .._time import format_precise, require_aware, utc_now
-from ..approvals import Approval, ApprovalRecord, ApprovalStatus
-from ..effect import (
+from ..approvals.records import Approval, ApprovalRecord, ApprovalStatus
+from ..effects.records import (
     DEFAULT_LEASE,
     EffectRecord,
     EffectState,
@@ -20,9 +20,9 @@ from ..effect import (
     check_reservation_args,
     new_reservation,
 )
-from ..drafts import EventRow, ReceiptDraft, event_from_row
+from ..evidence.drafts import EventRow, ReceiptDraft, event_from_row
 from ..errors import InvalidArgument
-from ..receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
+from ..evidence.receipt import GENESIS_HASH, Event, Receipt, UnreadableReceipt
 from . import codec
 from .evidencemem import EvidenceData, MemoryEvidenceRows
 from .ledger import consumption_from_row, delegation_from_row, delegation_to_row

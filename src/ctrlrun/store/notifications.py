@@ -19,9 +19,9 @@ from sqlalchemy import Connection, select, update
 from sqlalchemy.exc import SQLAlchemyError
 
 from .._time import format_precise
-from ..approvals import ApprovalStatus
+from ..approvals.records import ApprovalStatus
 from ..errors import InvalidArgument, StoreUnavailable
-from ..receipt import Event, EventType, Receipt
+from ..evidence.receipt import Event, EventType, Receipt
 from . import codec
 from .schema import approvals, events, notifications, receipts
 from .sql import SQLStateStore

@@ -7,10 +7,10 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from .._ledger import Charge
+from ..authority.ledger import Charge
 from .._time import require_aware, utc_now
 from ..action import Action
-from ..approvals import (
+from ..approvals.records import (
     Approval,
     ApprovalRecord,
     ApprovalRequest,
@@ -20,7 +20,7 @@ from ..approvals import (
     apply_deny,
     apply_grant,
 )
-from ..effect import (
+from ..effects.records import (
     DEFAULT_LEASE,
     EffectRecord,
     EffectState,
@@ -38,11 +38,11 @@ from ..errors import (
     ApprovalMismatch,
     InvalidArgument,
 )
-from ..drafts import EventRow, ReceiptDraft, event_from_row
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..evidence.drafts import EventRow, ReceiptDraft, event_from_row
+from ..evidence.receipt import Event, Receipt, UnreadableReceipt
 from . import codec
 from .ledger import charge, check_charges
-from ..acts import ActKind
+from ..evidence.acts import ActKind
 from .evidenceops import EvidenceOps, record_act
 from .ledgerops import LedgerOps
 from .reads import ReadOps

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..drafts import EventRow, ReceiptDraft, writer
+from ..evidence.drafts import EventRow, ReceiptDraft, writer
 from ..errors import InvalidArgument
-from ..receipt import _COMPACT_JSON, Receipt, _canonical, _compact
+from ..evidence.receipt import _COMPACT_JSON, Receipt, _canonical, _compact
 from ..action import _CANONICAL_JSON
 from . import codec
 

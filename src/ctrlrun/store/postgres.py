@@ -41,17 +41,15 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from .._time import utc_now
-from ..drafts import EventRow, ReceiptDraft
+from ..evidence.drafts import EventRow, ReceiptDraft
 from ..errors import (
     ClockSkew,
     CTRLRunError,
     InvalidArgument,
     MissingDependency,
     SchemaMismatch,
-    StoreError,
-    StoreUnavailable,
 )
-from ..receipt import Event, Receipt
+from ..evidence.receipt import Event, Receipt
 from .pgtimeouts import (
     PREPARED_PARAMETER,
     SKEW_PARAMETER,

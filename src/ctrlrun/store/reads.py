@@ -8,9 +8,9 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from .._time import format_precise, format_ts, require_aware
-from ..effect import EffectRecord, EffectState
+from ..effects.records import EffectRecord, EffectState
 from ..errors import InvalidArgument
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..evidence.receipt import Event, Receipt, UnreadableReceipt
 from .rows import Tx
 from .steps import _effect_state
 

@@ -6,12 +6,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from .._ledger import Consumption, DelegationRecord
-from ..approvals import ApprovalRecord, ApprovalStatus
-from ..effect import EffectRecord, EffectState
+from ..authority.ledger import Consumption, DelegationRecord
+from ..approvals.records import ApprovalRecord, ApprovalStatus
+from ..effects.records import EffectRecord, EffectState
 from ..errors import CTRLRunError
-from ..drafts import EventRow, ReceiptDraft
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..evidence.drafts import EventRow, ReceiptDraft
+from ..evidence.receipt import Event, Receipt, UnreadableReceipt
 
 __all__ = ["KeptWrite", "Tx", "TxSteps"]
 

@@ -37,7 +37,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
 from .._time import format_precise, utc_now
 from ..errors import SchemaMismatch
-from ..receipt import GENESIS_HASH
+from ..evidence.receipt import GENESIS_HASH
 from .ddl import AddColumn, BytewiseText, FillReceiptApprovals
 
 __all__ = [

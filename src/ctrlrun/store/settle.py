@@ -9,9 +9,9 @@ the finish did not land and sending it again is safe (it is the same compare-and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from ..drafts import EventRow, ReceiptDraft, event_from_row
-from ..effect import EffectState
-from ..receipt import Event, Receipt
+from ..evidence.drafts import EventRow, ReceiptDraft, event_from_row
+from ..effects.records import EffectState
+from ..evidence.receipt import Event, Receipt
 from .rows import Tx
 
 __all__ = ["Landed", "finish_landed"]

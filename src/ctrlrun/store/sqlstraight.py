@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from .._ledger import Charge
+from ..authority.ledger import Charge
 from .._time import format_precise
-from ..approvals import Approval
-from ..drafts import EventRow, ReceiptDraft
-from ..effect import DEFAULT_LEASE, EffectState, Reservation, check_commit, new_reservation
-from ..receipt import Event, Receipt
+from ..approvals.records import Approval
+from ..evidence.drafts import EventRow, ReceiptDraft
+from ..effects.records import DEFAULT_LEASE, EffectState, Reservation, check_commit, new_reservation
+from ..evidence.receipt import Event, Receipt
 from . import codec
 from .ops import EventsFn
 from .settle import finish_landed

@@ -7,12 +7,12 @@ from datetime import datetime
 from itertools import chain
 from typing import Any
 
-from ..approvals import ApprovalRecord, ApprovalStatus
-from ..effect import EffectRecord, EffectState
-from ..drafts import ReceiptDraft
+from ..approvals.records import ApprovalRecord, ApprovalStatus
+from ..effects.records import EffectRecord, EffectState
+from ..evidence.drafts import ReceiptDraft
 from ..errors import CTRLRunError, InvalidArgument
-from ..drafts import EventRow, event_from_row
-from ..receipt import Event, Receipt, UnreadableReceipt
+from ..evidence.drafts import EventRow, event_from_row
+from ..evidence.receipt import Event, Receipt, UnreadableReceipt
 from . import codec
 from .evidencesql import EvidenceRows
 from .ledgersql import LedgerRows

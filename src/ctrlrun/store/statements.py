@@ -4,7 +4,6 @@ dialect and schema; ``Compiled`` is the text and the order of its parameters."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -30,6 +29,7 @@ from sqlalchemy.sql.expression import ClauseElement
 from ..errors import CTRLRunError
 from .codec import EFFECT_FIELDS, FINISHED_FIELDS
 from .schema import metadata
+from .compiled import Compiled
 
 __all__ = ["EFFECT_COLUMNS", "EVENT_COLUMNS", "RECEIPT_COLUMNS", "Compiled", "Statements"]
 
@@ -47,20 +47,6 @@ _ONE: Any = literal_column("1")  # written in the text: every bound parameter is
 _UTF8: Any = literal_column("'UTF8'")
 _HEX: Any = literal_column("'hex'")
 _CACHED_ROWS = 16  # event statements kept compiled for the small batches a call sends
-
-
-@dataclass(frozen=True, slots=True)
-class Compiled:
-    """A statement as the driver takes it: ``sql`` with positional marks, ``names`` the bound
-    parameter of each mark in order, ``columns`` the names of what it returns."""
-
-    sql: str
-    names: tuple[str, ...]
-    columns: tuple[str, ...] = ()
-
-    def bind(self, values: dict[str, Any]) -> tuple[Any, ...]:
-        """The parameters, in mark order, from a mapping of bound names."""
-        return tuple([values[name] for name in self.names])
 
 
 def _dialect(name: str) -> Any:

@@ -6,15 +6,15 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from .._ledger import Charge
-from ..approvals import (
+from ..authority.ledger import Charge
+from ..approvals.records import (
     Approval,
     ApprovalRecord,
     apply_consume,
     check_answerable,
     check_consumable,
 )
-from ..effect import (
+from ..effects.records import (
     EffectRecord,
     EffectState,
     Reservation,
@@ -30,8 +30,8 @@ from ..errors import (
     DuplicateEffect,
     InvalidArgument,
 )
-from ..drafts import EventRow, ReceiptDraft, event_from_row
-from ..receipt import Event, Receipt
+from ..evidence.drafts import EventRow, ReceiptDraft, event_from_row
+from ..evidence.receipt import Event, Receipt
 from . import codec
 from .ledger import charge, release_on_failed
 from .rows import KeptWrite, Tx

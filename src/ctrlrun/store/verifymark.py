@@ -15,9 +15,9 @@ from .._time import format_precise
 from ..errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from ..chain import ChainReport
+    from ..evidence.chain import ChainReport
 
-__all__ = ["VerifiedMark", "mark_verified", "read_mark", "verify_and_mark", "write_mark"]
+__all__ = ["VerifiedMark", "mark_verified", "read_mark", "write_mark"]
 
 MEMORY_ATTRIBUTE = "verified_mark"  # where an InMemoryStateStore keeps its mark
 MARK_SELECT = "SELECT seq, hash, verified_at, acts_seq, acts_hash FROM verified_mark WHERE id = 1"  # SQLite
@@ -111,20 +111,12 @@ def write_mark(
     return mark
 
 
-def mark_verified(store: Any, report: ChainReport, at: datetime) -> VerifiedMark | None:
+def mark_verified(store: Any, report: ChainReport, at: datetime | None = None) -> VerifiedMark | None:
     """Move the mark to the head ``report`` verified; a failed check moves nothing (``None``)."""
     if not report.ok or report.head_hash is None:
         return None
+    at = at if at is not None else store._now()  # the store's own clock
     acts = None
     if report.acts_head_seq is not None and report.acts_head_hash is not None:
         acts = (report.acts_head_seq, report.acts_head_hash)
     return write_mark(store, report.to_seq, report.head_hash, at, acts)
-
-
-def verify_and_mark(store: Any, *, since_verified: bool = False, at: datetime | None = None) -> ChainReport:
-    """``verify_chain``, then the mark moved to the head it verified when the check passed."""
-    from ..chain import verify_chain
-
-    report = verify_chain(store, since_verified=since_verified)
-    mark_verified(store, report, at if at is not None else store._now())
-    return report
