@@ -12,13 +12,11 @@ from ctrlrun.errors import InvalidArgument, StoreError
 
 if TYPE_CHECKING:
     from ctrlrun import (
-        ApprovalAnswer,
         ApprovalProvider,
         ApprovalRecord,
         ApprovalRequired,
         Control,
         Event,
-        PendingApproval,
         Policy,
         Receipt,
         StateStore,
@@ -231,20 +229,6 @@ def _request_id(request: str | ApprovalRequired | ApprovalRecord) -> str:
     )
 
 
-class _Says:
-    """A framework interrupt that always gives one answer: the public way to record an answer
-    with the same store calls, and events, as ``ctrlrun approve`` and ``ctrlrun deny``."""
-
-    framework: str = "ctrlrun.testing"
-    carries_approved_arguments: bool = False
-
-    def __init__(self, answer: ApprovalAnswer) -> None:
-        self._answer = answer
-
-    def interrupt(self, pending: PendingApproval) -> ApprovalAnswer:
-        return self._answer
-
-
 def _answer(
     control: Control,
     request: str | ApprovalRequired | ApprovalRecord,
@@ -253,28 +237,19 @@ def _answer(
     granted: bool,
     arguments: Mapping[str, Any] | None,
 ) -> ApprovalRecord:
-    from ctrlrun import ApprovalAnswer, ApprovalStatus, ApprovalTimeout, InterruptApprovalProvider
+    """The operator library's answer (what ``ctrlrun approve`` and ``deny`` write); a refusal is its
+    ``AnswerRefused``, an ``ApprovalMismatch`` whose ``reason`` names why."""
+    from ctrlrun import operator
 
     request_id = _request_id(request)
     store = control.store
-    before = store.get_approval(request_id)
-    if before is None or before.status is not ApprovalStatus.PENDING or control.clock() > before.expires_at:
-        # unknown, answered already or expired: the store refuses it, naming which
-        if granted:
-            store.grant_approval(request_id, approver)
-        else:
-            store.deny_approval(request_id, approver)
-        return _record(control, request_id)
-    says = _Says(ApprovalAnswer(granted, approver, edited_arguments=arguments))
-    provider = InterruptApprovalProvider(store, says, clock=control.clock, policy=control.policy)
-    try:
-        provider.wait(request_id)
-    except ApprovalTimeout:
-        after = _record(control, request_id)
-        if after.status is ApprovalStatus.PENDING and len(after.approvers) > len(before.approvers):
-            return after  # a grant below a threshold of several approvers: recorded, still pending
-        raise
-    return _record(control, request_id)
+    if arguments is not None:
+        answer = operator.edit(store, request_id, approver, arguments, policy=control.policy, allow_new=True)
+    elif granted:
+        answer = operator.grant(store, request_id, approver)
+    else:
+        answer = operator.deny(store, request_id, approver)
+    return answer.record
 
 
 def _record(control: Control, request_id: str) -> ApprovalRecord:

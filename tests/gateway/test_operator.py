@@ -293,9 +293,9 @@ def test_store_refusals_are_error_results_and_nobody_is_asked(db: Store) -> None
                       ("resolve", {"effect_key": "refund:txn_4", "outcome": "failed"}),
                       ("resolve", {"effect_key": "refund:txn_404", "outcome": "committed"}))  # fmt: skip
     expected = [
-        f"approval {unknown} is unknown to this store",
-        f"approval {answered} is already denied; a request is answered once",
-        f"approval {answered} is already denied; a request is answered once",
+        f"no approval request {unknown} (`ctrlrun pending` lists open requests)",
+        f"approval request {answered} is already denied; a request is answered once",
+        f"approval request {answered} is already denied; a request is answered once",
         "cannot resolve effect 'refund:txn_4': it is committed, and only an ambiguous effect is resolved",
         "cannot resolve effect 'refund:txn_404': no such effect record",
     ]
@@ -313,7 +313,7 @@ def test_an_expired_request_is_refused_without_asking(tmp_path: Path) -> None:
     old.store.close()
     human = Human()
     [result] = operate(f"sqlite://{tmp_path / 'state.db'}", "auto", human, ("approve", {"request_id": request_id}))
-    assert result.is_error and text(result).startswith(f"approval {request_id} expired at ")
+    assert result.is_error and text(result).startswith(f"approval request {request_id} expired at ")
     assert human.asked == []
 
 

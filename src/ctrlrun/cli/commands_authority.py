@@ -11,7 +11,8 @@ from typing import Any
 
 import click
 
-from ..control.locations import open_default_store, policy_path
+from ..store import open_default_store
+from ..settings import policy_path
 from .._time import format_ts
 from ..action import Principal
 from ..control.front import Control

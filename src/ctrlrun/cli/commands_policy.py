@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..control.locations import policy_path
+from ..settings import policy_path
 from ..errors import CTRLRunError, PolicyError
 from ..policy import Policy
 from .commands_stats import observe_banner

@@ -9,6 +9,7 @@ import click
 
 from ..errors import CTRLRunError, InvalidArgument
 from ..evidence.retention import Hold, PruneRefused, parse_duration
+from ..evidence.store import EvidenceStore
 from .options import json_lines_option
 from .stores import Settings, open_operator_store, store_url_option
 from .text import compact_json, say, say_raw
@@ -48,8 +49,8 @@ def load_object(spec: str, what: str = "--provider") -> Any:
     return found
 
 
-def _evidence(store: Any) -> Any:
-    if not hasattr(store, "plan_prune"):
+def _evidence(store: Any) -> EvidenceStore:
+    if not isinstance(store, EvidenceStore):
         raise InvalidArgument(f"{type(store).__name__} keeps no checkpoint or holds; use a ctrlrun store")
     return store
 

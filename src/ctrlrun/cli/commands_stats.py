@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ..control.locations import policy_path
+from ..settings import policy_path
 from .._time import format_ts, parse_ts
 from ..errors import InvalidArgument
 from ..policy import Policy

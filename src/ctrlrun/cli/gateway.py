@@ -271,7 +271,7 @@ def _config(options: dict[str, Any]) -> tuple[Any, Path]:
 
 
 def _control(policy_file: Path, store_url: str | None, environment: str | None) -> Any:
-    from ..control.locations import open_default_store
+    from ..store import open_default_store
     from ..control.front import Control
     from ..policy import Policy
     from ..evidence.receipt import JSONLEventSink

@@ -4,7 +4,6 @@ and the four-eyes rule, each refusal worded for the page with its HTTP status an
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 from .. import operator
@@ -29,10 +28,9 @@ class Refused(CTRLRunError):
         self.code = code
 
 
-def _expired(request_id: str, *, meanwhile: bool) -> Refused:
-    tail = "nothing was granted" if meanwhile else "nothing was granted (the agent must ask again)"
-    return Refused(f"expired: approval request {request_id} expired before it was answered; {tail}",
-                   status=409, code="expired")  # fmt: skip
+def _expired(request_id: str) -> Refused:
+    return Refused(f"expired: approval request {request_id} expired before it was answered; nothing "
+                   "was granted (the agent must ask again)", status=409, code="expired")  # fmt: skip
 
 
 def _refused(store: StateStore, exc: operator.AnswerRefused, approver: str) -> Refused:
@@ -46,7 +44,7 @@ def _refused(store: StateStore, exc: operator.AnswerRefused, approver: str) -> R
         return Refused(f"{exc}; nothing was granted", status=422, code="unknown_argument")
     record = exc.record if isinstance(exc.record, ApprovalRecord) else None
     if exc.code == "expired" or (record is not None and record.status is ApprovalStatus.EXPIRED):
-        return _expired(request_id, meanwhile=exc.expired_now)
+        return _expired(request_id)
     if record is not None and record.status is not ApprovalStatus.PENDING:
         said = operator.decision_of(store, record)
         linked = f": {said.sentence(approver)}" if said.made_by(approver) else f" is {said.sentence(approver)}"
@@ -55,10 +53,10 @@ def _refused(store: StateStore, exc: operator.AnswerRefused, approver: str) -> R
     return Refused(f"approval request {request_id} was not answered: {exc}", status=409, code=exc.code)
 
 
-def approve(store: StateStore, request_id: str, approver: str, user: str, now: datetime) -> str:
+def approve(store: StateStore, request_id: str, approver: str, user: str) -> str:
     """Grant ``request_id`` as ``approver``; returns what happened, in a sentence."""
     try:
-        answer = operator.grant(store, request_id, approver, via=VIA, user=user, now=now)
+        answer = operator.grant(store, request_id, approver, via=VIA, user=user)
     except operator.AnswerRefused as exc:
         raise _refused(store, exc, approver) from None
     if answer.approval is None:
@@ -67,10 +65,10 @@ def approve(store: StateStore, request_id: str, approver: str, user: str, now: d
     return f"granted {request_id} for {answer.approval.action_hash}"
 
 
-def deny(store: StateStore, request_id: str, approver: str, user: str, now: datetime, reason: str) -> str:
+def deny(store: StateStore, request_id: str, approver: str, user: str, reason: str) -> str:
     """Refuse ``request_id`` as ``approver``, keeping ``reason`` in the denial's event."""
     try:
-        operator.deny(store, request_id, approver, reason=reason, via=VIA, user=user, now=now)
+        operator.deny(store, request_id, approver, reason=reason, via=VIA, user=user)
     except operator.AnswerRefused as exc:
         raise _refused(store, exc, approver) from None
     return f"denied {request_id}"
@@ -88,13 +86,13 @@ def parse_arguments(text: str) -> dict[str, Any]:
     return parsed
 
 
-def edit(store: StateStore, request_id: str, approver: str, user: str, now: datetime, text: str,
+def edit(store: StateStore, request_id: str, approver: str, user: str, text: str,
          policy_file: str | None = None) -> str:  # fmt: skip
     """Grant with the edited ``arguments`` (JSON text), re-checked by the agents' policy and bound
     to the edited action's hash; a refused edit leaves the request pending."""
     arguments = parse_arguments(text)
     try:
-        answer = operator.edit(store, request_id, approver, arguments, via=VIA, user=user, now=now,
+        answer = operator.edit(store, request_id, approver, arguments, via=VIA, user=user,
                                policy=lambda: Policy.from_file(policy_file or policy_path()))  # fmt: skip
     except operator.AnswerRefused as exc:
         raise _refused(store, exc, approver) from None
@@ -110,7 +108,7 @@ def resolve(store: StateStore, effect_key: str, state: str, resolver: str) -> st
     """Settle an ambiguous effect as ``committed`` or ``failed``, by ``resolver``."""
     try:
         operator.resolve(store, effect_key, state, resolver, via=VIA)
-    except operator.AnswerRefused as exc:
+    except operator.ResolveRefused as exc:
         if exc.code == "bad_state":
             raise Refused(str(exc), status=400, code="bad_state") from None
         current = exc.record if isinstance(exc.record, EffectRecord) else None

@@ -180,16 +180,15 @@ class Console:
         if verb not in ("approve", "deny", "edit"):
             return PlainTextResponse("not found", status_code=404)
         form = await request.form()
-        now = self.settings.clock()
         back = f"/requests/{request_id}"
         try:
             if verb == "approve":
-                done = acts.approve(self.store, request_id, who.answerer, who.name, now)
+                done = acts.approve(self.store, request_id, who.answerer, who.name)
             elif verb == "deny":
-                done = acts.deny(self.store, request_id, who.answerer, who.name, now, str(form.get("reason") or ""))
+                done = acts.deny(self.store, request_id, who.answerer, who.name, str(form.get("reason") or ""))
             else:
                 policy = str(self.settings.policy_path) if self.settings.policy_path is not None else None
-                done = acts.edit(self.store, request_id, who.answerer, who.name, now,
+                done = acts.edit(self.store, request_id, who.answerer, who.name,
                                  str(form.get("arguments") or ""), policy)  # fmt: skip
         except acts.Refused as exc:
             return self.refused(request, who, exc, back if exc.status != 404 else "/")

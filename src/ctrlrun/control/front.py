@@ -108,7 +108,8 @@ class Control:
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None = None, *, environment: str | None = None) -> Control:
         """The default wiring: the policy file, its store and a JSONL copy of the evidence."""
-        from .locations import open_default_store, policy_path
+        from ..settings import policy_path
+        from ..store import open_default_store
         from ..policy import Policy
 
         policy = Policy.from_file(policy_path(path))

@@ -12,6 +12,8 @@ from ..errors import InvalidArgument
 
 __all__ = [
     "CHECKPOINT_SCHEMA",
+    "PrunePlan",
+    "PruneResult",
     "PRUNE_ACTION",
     "PRUNE_BATCH",
     "Checkpoint",
@@ -133,3 +135,30 @@ def check_prune_range(through: Any, head_seq: int, checkpoint: Checkpoint | None
                 seq=where, reason="hold",
             )  # fmt: skip
     return first
+
+
+@dataclass(frozen=True, slots=True)
+class PrunePlan:
+    """A prune that passed every refusal: receipts ``first..through``, the hash it keeps."""
+
+    first: int
+    through: int
+    hash: str
+    head_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    """What a prune did: the range it deleted (all of it, unless interrupted) and its receipt."""
+
+    first: int
+    through: int
+    deleted: int
+    batches: int
+    checkpoint: Checkpoint
+    receipt_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"from_seq": self.first, "through": self.through, "deleted": self.deleted,
+                "batches": self.batches, "checkpoint": self.checkpoint.to_dict(),
+                "receipt_id": self.receipt_id}  # fmt: skip

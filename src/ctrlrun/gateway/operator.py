@@ -248,8 +248,8 @@ def build_server(store: StateStore, *, clock: Callable[[], datetime] = utc_now) 
         verb = "approve" if grant else "deny"
 
         def ask(request_id: str, ctx: Context[Any, Any]) -> Elicit[Confirmation] | _NotAsked:
-            try:
-                record = store.get_approval(request_id)
+            try:  # refused as every front-end refuses it, before the human is asked anything
+                record = operator.check_answerable(store, request_id, OPERATOR_ANSWERER, now=clock())
             except CTRLRunError as exc:
                 return _NotAsked(f"{exc}; nothing changed")
             question = approval_question(record, request_id, grant=grant, now=clock())

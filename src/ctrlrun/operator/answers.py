@@ -19,27 +19,37 @@ from ..policy import Policy
 from ..evidence.receipt import Event, EventType
 from ..store import StateStore
 
-__all__ = ["Answer", "AnswerRefused", "Decision", "decision_of", "deny", "edit", "grant", "resolve"]
+__all__ = ["Answer", "AnswerRefused", "Decision", "ResolveRefused", "check_answerable", "decision_of", "deny", "edit", "grant", "resolve"]
 
 _ANSWERS = (EventType.APPROVAL_GRANTED, EventType.APPROVAL_DENIED, EventType.APPROVAL_EDITED)
 
 
-class AnswerRefused(CTRLRunError):
-    """An answer that was refused; nothing was written.
+class AnswerRefused(ApprovalMismatch):
+    """An answer to a request that was refused; nothing was written.
 
-    ``code`` says why: ``unknown``, ``self_approval``, ``expired``, the status of a request
-    answered already (``granted``, ``denied``, ``consumed``), ``unknown_argument``, or an effect's
-    state for a resolve of one that is not ambiguous. ``subject`` is the request id or effect key;
-    ``record`` what the store held when the answer was refused (None when there is nothing)."""
+    ``code`` (also ``reason``) says why: ``unknown``, ``self_approval``, ``expired``, the status of
+    a request answered already (``granted``, ``denied``, ``consumed``) or ``unknown_argument``;
+    ``subject`` is the request id, ``record`` what the store held then (None for an unknown one)."""
 
     def __init__(self, message: str, *, code: str, subject: str, record: Any = None,
                  expired_now: bool = False, names: Sequence[str] = ()) -> None:  # fmt: skip
-        super().__init__(message)
+        super().__init__(message, reason=code, approval_id=subject)
         self.code = code
         self.subject = subject
         self.record = record
         self.expired_now = expired_now  # the answer found it pending and it expired on the spot
         self.names = tuple(names)
+
+
+class ResolveRefused(CTRLRunError):
+    """A resolve that was refused; nothing changed. ``code`` is ``bad_state``, ``unknown``, or the
+    state of an effect that is not ambiguous (then ``record`` is that effect)."""
+
+    def __init__(self, message: str, *, code: str, subject: str, record: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.subject = subject
+        self.record = record
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +131,15 @@ def _closed(record: ApprovalRecord) -> AnswerRefused:
                          "answered once", code=record.status.value, subject=request_id, record=record)  # fmt: skip
 
 
-def _answerable(store: StateStore, request_id: str, answerer: str, user: str | None,
-                now: datetime | None) -> ApprovalRecord:  # fmt: skip
+def check_answerable(store: StateStore, request_id: str, answerer: str, *, user: str | None = None,
+                     now: datetime | None = None) -> ApprovalRecord:  # fmt: skip
     """The pending request, or the refusal: unknown, self-approval, answered already, expired.
+    Writes nothing.
 
     ``user`` is the answering person's own user name when the surface knows it (the four-eyes
-    rule: nobody answers their own request); ``now`` lets the surface refuse an expired request
-    before writing (without it the store judges expiry, and marks the request expired)."""
+    rule: nobody answers their own request). ``now`` refuses a request past its expiry, for a
+    surface that asks its human to confirm first (the MCP operator); an answer itself leaves
+    expiry to the store, which marks the request expired by its own clock."""
     record = store.get_approval(request_id)
     if record is None:
         raise _unknown(request_id)
@@ -160,9 +172,9 @@ def _mismatch(store: StateStore, request_id: str, before: ApprovalRecord, exc: A
 
 
 def grant(store: StateStore, request_id: str, answerer: str, *, via: str | None = None,
-          user: str | None = None, now: datetime | None = None) -> Answer:  # fmt: skip
+          user: str | None = None) -> Answer:  # fmt: skip
     """Grant ``request_id`` as ``answerer`` (``via`` is kept in the answer's event)."""
-    before = _answerable(store, request_id, answerer, user, now)
+    before = check_answerable(store, request_id, answerer, user=user)
     extra: dict[str, Any] = {"via": via} if via is not None else {}
     try:
         approval = store.grant_approval(request_id, answerer, events=answer_events(answerer, **extra))
@@ -172,9 +184,9 @@ def grant(store: StateStore, request_id: str, answerer: str, *, via: str | None 
 
 
 def deny(store: StateStore, request_id: str, answerer: str, *, reason: str = "", via: str | None = None,
-         user: str | None = None, now: datetime | None = None) -> Answer:  # fmt: skip
+          user: str | None = None) -> Answer:  # fmt: skip
     """Refuse ``request_id`` as ``answerer``, keeping a non-blank ``reason`` in the denial's event."""
-    before = _answerable(store, request_id, answerer, user, now)
+    before = check_answerable(store, request_id, answerer, user=user)
     extra: dict[str, Any] = {"reason": reason} if reason.strip() else {}
     if via is not None:
         extra["via"] = via
@@ -186,13 +198,13 @@ def deny(store: StateStore, request_id: str, answerer: str, *, reason: str = "",
 
 
 def edit(store: StateStore, request_id: str, answerer: str, arguments: Mapping[str, Any], *,
-         policy: Policy | Callable[[], Policy], allow_new: bool = False, via: str | None = None, user: str | None = None,
-         now: datetime | None = None) -> Answer:  # fmt: skip
+         policy: Policy | Callable[[], Policy], allow_new: bool = False, via: str | None = None,
+         user: str | None = None) -> Answer:  # fmt: skip
     """Grant ``request_id`` with ``arguments`` instead, re-checked by ``policy`` (the agents' own)
     and bound to the edited action's hash (``policy`` may be a loader, called once the request is
     known to be answerable). A name the request lacks is refused unless ``allow_new``; a policy
     ``deny`` raises ``ActionDenied``; the request then stays pending."""
-    before = _answerable(store, request_id, answerer, user, now)
+    before = check_answerable(store, request_id, answerer, user=user)
     known = before.request.action.canonical_arguments
     new = sorted(name for name in arguments if name not in known)
     if new and not allow_new:
@@ -221,7 +233,7 @@ def resolve(store: StateStore, effect_key: str, state: EffectState | str, resolv
     except ValueError:
         wanted = None
     if wanted not in (EffectState.COMMITTED, EffectState.FAILED):
-        raise AnswerRefused(f"resolve an effect as committed or failed, not {state!r}", code="bad_state",
+        raise ResolveRefused(f"resolve an effect as committed or failed, not {state!r}", code="bad_state",
                             subject=effect_key)  # fmt: skip
     assert wanted is not None
     extra: dict[str, Any] = {"via": via} if via is not None else {}
@@ -230,10 +242,10 @@ def resolve(store: StateStore, effect_key: str, state: EffectState | str, resolv
     except InvalidArgument as exc:
         current = store.get_effect(effect_key)
         if current is None:
-            raise AnswerRefused(f"no effect {effect_key} in this store (`ctrlrun effects` lists them); nothing "
+            raise ResolveRefused(f"no effect {effect_key} in this store (`ctrlrun effects` lists them); nothing "
                                 "changed", code="unknown", subject=effect_key) from None  # fmt: skip
         if current.state is not EffectState.AMBIGUOUS:
-            raise AnswerRefused(f"effect {effect_key} is {current.state}, not ambiguous: only an ambiguous "
+            raise ResolveRefused(f"effect {effect_key} is {current.state}, not ambiguous: only an ambiguous "
                                 "effect is resolved; nothing changed", code=current.state.value,
                                 subject=effect_key, record=current) from None  # fmt: skip
         raise exc from None

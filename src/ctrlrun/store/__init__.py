@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._lazy import lazy_exports
 from .._time import utc_now
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from .memory import InMemoryStateStore
     from .sqlite import SQLiteStateStore
 
-__all__ = ["InMemoryStateStore", "SQLiteStateStore", "StateStore", "open_store_url"]
+__all__ = ["InMemoryStateStore", "SQLiteStateStore", "StateStore", "open_default_store", "open_store_url"]
 
 if not TYPE_CHECKING:  # type checkers see the imports above, never a catch-all __getattr__
     __getattr__, __dir__ = lazy_exports(
@@ -59,3 +60,14 @@ def open_store_url(
         f"unsupported store URL {url!r}: use sqlite://<path> or "
         "postgresql://user@host/db[?ctrlrun_schema=<name>]"
     )
+
+
+def open_default_store(policy_file: Path) -> tuple[Any, Path | None]:
+    """Open the default store and say where its JSONL evidence copy goes (None for Postgres)."""
+    from ..settings import state_location
+
+    url = state_location(policy_file)
+    store = open_store_url(url)
+    if url.startswith("sqlite://"):
+        return store, Path(url[len("sqlite://") :]).parent
+    return store, None

@@ -4,7 +4,6 @@ holds, and prune in bounded batches behind a checkpoint. Written once over the `
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -15,6 +14,8 @@ from ..effects.records import check_line_text
 from ..errors import InvalidArgument
 from ..evidence.receipt import Receipt
 from ..evidence.retention import (
+    PrunePlan,
+    PruneResult,
     CHECKPOINT_SCHEMA,
     PRUNE_ACTION,
     PRUNE_BATCH,
@@ -48,33 +49,6 @@ def record_act(tx: Any, now: datetime, kind: ActKind, subject: str, by: str, det
     digest = act_hash(document)
     tx.insert_act(seq, str(kind), subject, canonical_bytes(document).decode("utf-8"), digest)
     return Act(seq, str(kind), subject, by, at, receipt_seq, dict(detail), prev, digest)
-
-
-@dataclass(frozen=True, slots=True)
-class PrunePlan:
-    """A prune that passed every refusal: receipts ``first..through``, the hash it keeps."""
-
-    first: int
-    through: int
-    hash: str
-    head_seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class PruneResult:
-    """What a prune did: the range it deleted (all of it, unless interrupted) and its receipt."""
-
-    first: int
-    through: int
-    deleted: int
-    batches: int
-    checkpoint: Checkpoint
-    receipt_id: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"from_seq": self.first, "through": self.through, "deleted": self.deleted,
-                "batches": self.batches, "checkpoint": self.checkpoint.to_dict(),
-                "receipt_id": self.receipt_id}  # fmt: skip
 
 
 class EvidenceOps:
