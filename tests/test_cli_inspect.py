@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ctrlrun.cli.inspecting import inspect_story
+from ctrlrun.operator.inspect import inspect_story
 from ctrlrun.errors import CTRLRunError
 
 from ._cli_helpers import invoke

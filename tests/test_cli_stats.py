@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from ctrlrun import DuplicateEffect, ActionDenied
-from ctrlrun.cli.commands_stats import BANNER, parse_since, tally
+from ctrlrun.cli.commands_stats import BANNER
+from ctrlrun.operator.stats import parse_since, tally
 
 from ._cli_helpers import START, invoke, project, workdir  # noqa: F401
 from .vectors import ROOT

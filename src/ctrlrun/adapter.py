@@ -27,7 +27,6 @@ from .approvals.records import (
     ApprovalStatus,
     build_request,
 )
-from .approvals.answers import answer_events
 from .effects.records import EffectState, check_line_text, plan_reservation
 from .errors import ApprovalMismatch, ApprovalTimeout, CTRLRunError, EffectKeyError, InvalidArgument
 from .policy import Decision, render_effect_key, render_resource
@@ -345,26 +344,25 @@ class InterruptApprovalProvider:
                 "arrived; nothing was recorded and the request is still pending",
                 request_id=request_id,
             )
-        said = answer_events(answer.approver)  # the CLI's events, in the answer's transaction
+        # the operator library's answer: what `ctrlrun approve` and `deny` write, in one transaction
+        from .operator import answers
+
         if not answer.granted:
-            self._store.deny_approval(request_id, answer.approver, events=said)
+            answers.deny(self._store, request_id, answer.approver)
             return None
         if edits is not None:
-            from .approvals.edits import grant_with_edits
-
-            approval, _ = grant_with_edits(
-                self._store, request_id, answer.approver, thaw(edits), policy=self._policy,
-                events=said,
-            )  # fmt: skip
-            return approval
-        approval = self._store.grant_approval(request_id, answer.approver, events=said)
+            assert self._policy is not None  # refused above without one
+            edited = answers.edit(self._store, request_id, answer.approver, thaw(edits), policy=self._policy,
+                                  allow_new=True)  # fmt: skip
+            return edited.approval
+        approval = answers.grant(self._store, request_id, answer.approver).approval
         if approval is None:  # recorded, but below a multi-approver threshold
             raise ApprovalTimeout(
                 f"approval request {request_id} needs more approvers; the grant by "
                 f"{answer.approver} was recorded",
                 request_id=request_id,
             )
-        return cast(Approval, approval)
+        return approval
 
     def _check_binding(
         self, record: ApprovalRecord, pending: PendingApproval, answer: ApprovalAnswer

@@ -11,7 +11,7 @@ import pytest
 
 from ctrlrun import Control, InMemoryStateStore, Policy, Principal
 from ctrlrun.approvals.answers import answer_events
-from ctrlrun.cli.inspecting import inspect_story
+from ctrlrun.operator.inspect import inspect_story
 from ctrlrun.gateway.config import GatewayConfig
 from ctrlrun.gateway.intercept import Interceptor
 from ctrlrun.gateway.outcome import Answered, Broken, Cancelled, NeverConnected, Observation
