@@ -15,7 +15,7 @@ from ctrlrun.receipt import verify_chain
 from ctrlrun.errors import ApprovalRequired
 from ctrlrun.store.memory import InMemoryStateStore
 from ctrlrun.store.sqlite import SQLiteStateStore
-from ctrlrun.store.verify import verify_and_mark
+from ctrlrun.store.verifymark import verify_and_mark
 
 from ._cli_helpers import invoke, sql
 from .policies import REFUND_POLICY

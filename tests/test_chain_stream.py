@@ -22,7 +22,7 @@ from ctrlrun.receipt import verify_chain
 from ctrlrun.evidence.receipt import GENESIS_HASH, RECEIPT_SCHEMA_V7, UnreadableReceipt, _copy
 from ctrlrun.store import codec
 from ctrlrun.store.verifymark import read_mark, write_mark
-from ctrlrun.store.verify import verify_and_mark
+from ctrlrun.store.verifymark import verify_and_mark
 
 from ._cli_helpers import invoke
 from .clock import Clock

@@ -204,7 +204,7 @@ def _receipt_row(row: Receipt | UnreadableReceipt) -> dict[str, Any]:
 def receipts_view(store: StateStore, limit: int = 100) -> tuple[list[dict[str, Any]], ChainReport]:
     """The most recent receipts (newest first) and the chain's check from the store's verified
     mark (the receipts written since it, so a page costs the new rows; the mark then moves)."""
-    from ..store.verify import verify_and_mark
+    from ..store.verifymark import verify_and_mark
 
     report = verify_and_mark(store, since_verified=True)
     rows = store.last_receipts(limit)

@@ -23,7 +23,7 @@ from ..evidence.acts import (
     spending_receipt,
 )
 from ..evidence.chain import BREAKS_KEPT, ChainBreak, ChainReport
-from .verifymark import VerifiedMark
+from .marks import VerifiedMark
 
 __all__ = ["check_acts"]
 

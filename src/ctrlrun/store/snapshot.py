@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .verifymark import MARK_SELECT, MEMORY_ATTRIBUTE, VerifiedMark, mark_of
+from .marks import MARK_SELECT, MEMORY_ATTRIBUTE, VerifiedMark, mark_of
 
 __all__ = ["Snapshot", "open_snapshot", "stream_receipts"]
 

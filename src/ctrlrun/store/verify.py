@@ -5,14 +5,12 @@ on the rows this hands it."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Any
 
 from ..evidence.chain import ChainReport, row_position, verify_rows, walk_snapshot
 from ..evidence.receipt import Receipt, UnreadableReceipt
-from .verifymark import mark_verified
 
-__all__ = ["verify_and_mark", "verify_chain"]
+__all__ = ["verify_chain"]
 
 
 def verify_chain(store: Any, *, since_verified: bool = False) -> ChainReport:
@@ -34,10 +32,3 @@ def verify_chain(store: Any, *, since_verified: bool = False) -> ChainReport:
     if limit is not None:
         rows = (r for r in rows if (row_position(r) or 0) <= limit)
     return verify_rows(rows, head)
-
-
-def verify_and_mark(store: Any, *, since_verified: bool = False, at: datetime | None = None) -> ChainReport:
-    """``verify_chain``, then the mark moved to the head it verified when the check passed."""
-    report = verify_chain(store, since_verified=since_verified)
-    mark_verified(store, report, at)
-    return report

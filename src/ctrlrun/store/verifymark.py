@@ -7,40 +7,17 @@ since_verified=True)`` walks only what follows it. Only a successful check moves
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .._time import format_precise
 from ..errors import InvalidArgument
+from .marks import MEMORY_ATTRIBUTE, VerifiedMark, mark_of
 
 if TYPE_CHECKING:
     from ..evidence.chain import ChainReport
 
-__all__ = ["VerifiedMark", "mark_verified", "read_mark", "write_mark"]
-
-MEMORY_ATTRIBUTE = "verified_mark"  # where an InMemoryStateStore keeps its mark
-MARK_SELECT = "SELECT seq, hash, verified_at, acts_seq, acts_hash FROM verified_mark WHERE id = 1"  # SQLite
-
-
-@dataclass(frozen=True, slots=True)
-class VerifiedMark:
-    """Where the last successful check ended: the head it verified, and when."""
-
-    seq: int
-    hash: str
-    verified_at: str
-    acts_seq: int | None = None  # the acts chain's head it verified too (None: not recorded)
-    acts_hash: str | None = None
-
-
-def mark_of(row: Any) -> VerifiedMark | None:
-    """A ``(seq, hash, verified_at[, acts_seq, acts_hash])`` row as a mark (``None`` for no row)."""
-    if row is None:
-        return None
-    acts = (int(row[3]), str(row[4])) if len(row) > 4 and row[3] is not None and row[4] is not None else (None, None)
-    return VerifiedMark(int(row[0]), str(row[1]), str(row[2]), *acts)
-
+__all__ = ["VerifiedMark", "mark_verified", "read_mark", "verify_and_mark", "write_mark"]
 
 def _kind(store: Any) -> str:
     from .memory import InMemoryStateStore
@@ -120,3 +97,12 @@ def mark_verified(store: Any, report: ChainReport, at: datetime | None = None) -
     if report.acts_head_seq is not None and report.acts_head_hash is not None:
         acts = (report.acts_head_seq, report.acts_head_hash)
     return write_mark(store, report.to_seq, report.head_hash, at, acts)
+
+
+def verify_and_mark(store: Any, *, since_verified: bool = False, at: datetime | None = None) -> ChainReport:
+    """``verify_chain``, then the mark moved to the head it verified when the check passed."""
+    from .verify import verify_chain  # the check reads the mark; it never moves it
+
+    report = verify_chain(store, since_verified=since_verified)
+    mark_verified(store, report, at)
+    return report
