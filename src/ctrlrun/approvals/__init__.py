@@ -1,4 +1,5 @@
-"""Approvals: requests, records and their rules, the providers that ask, and a human's answers and edits."""
+"""Approvals: requests and records with their pure rules (``records``), the providers that ask, the
+event an answer writes (``answers``) and approving with edits (``edits``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from typing import TYPE_CHECKING
 from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from .records import DEFAULT_APPROVAL_TTL, Approval, ApprovalProvider, ApprovalRecord, ApprovalRequest, ApprovalStatus, ExpireThenRefuse, LocalApprovalProvider, ScriptedApprovalProvider, VerifiedApprover, apply_consume, apply_deny, apply_grant, build_request, check_answerable, check_consumable
+    from .records import DEFAULT_APPROVAL_TTL, Approval, ApprovalProvider, ApprovalRecord, ApprovalRequest, ApprovalStatus, LocalApprovalProvider, ScriptedApprovalProvider, VerifiedApprover
+    from .edits import grant_with_edits
 
 _LAZY: dict[str, str] = {
     "DEFAULT_APPROVAL_TTL": "records",
@@ -16,36 +18,13 @@ _LAZY: dict[str, str] = {
     "ApprovalRecord": "records",
     "ApprovalRequest": "records",
     "ApprovalStatus": "records",
-    "ExpireThenRefuse": "records",
     "LocalApprovalProvider": "records",
     "ScriptedApprovalProvider": "records",
     "VerifiedApprover": "records",
-    "apply_consume": "records",
-    "apply_deny": "records",
-    "apply_grant": "records",
-    "build_request": "records",
-    "check_answerable": "records",
-    "check_consumable": "records",
+    "grant_with_edits": "edits",
 }
 
-__all__ = [
-    "Approval",
-    "ApprovalProvider",
-    "ApprovalRecord",
-    "ApprovalRequest",
-    "ApprovalStatus",
-    "DEFAULT_APPROVAL_TTL",
-    "ExpireThenRefuse",
-    "LocalApprovalProvider",
-    "ScriptedApprovalProvider",
-    "VerifiedApprover",
-    "apply_consume",
-    "apply_deny",
-    "apply_grant",
-    "build_request",
-    "check_answerable",
-    "check_consumable",
-]
+__all__ = ["Approval", "ApprovalProvider", "ApprovalRecord", "ApprovalRequest", "ApprovalStatus", "DEFAULT_APPROVAL_TTL", "LocalApprovalProvider", "ScriptedApprovalProvider", "VerifiedApprover", "grant_with_edits"]
 
 if not TYPE_CHECKING:
     __getattr__, __dir__ = lazy_exports(__name__, _LAZY, __all__)
