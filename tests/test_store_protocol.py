@@ -60,8 +60,13 @@ def store_uses() -> dict[str, dict[str, set[str]]]:
 
 
 def protocol_members() -> set[str]:
-    members = {n for n, v in vars(StateStore).items() if not n.startswith("_") and callable(v)}
-    return members | set(getattr(StateStore, "__annotations__", {}))
+    """The protocol's members, its capabilities' protocols' (``EffectStore``, ``ApprovalStore``, …) with them."""
+    members: set[str] = set()
+    for part in StateStore.__mro__:
+        if part.__module__.startswith("ctrlrun."):
+            members |= {n for n, v in vars(part).items() if not n.startswith("_") and callable(v)}
+            members |= set(getattr(part, "__annotations__", {}))
+    return members
 
 
 def test_the_protocol_holds_exactly_what_its_callers_call():
