@@ -115,8 +115,9 @@ class _Protected:
         self._defaults = {p.name: p.default for p in parameters if p.default is not p.empty}
         # keyword-only and positional-or-keyword parameters only: bound by hand (see bind)
         self._by_hand = not self.positional_only
-        self._templates: tuple[Control, tuple[str | None, str | None]] | None = None
-        self._settings: tuple[Control, _Options] | None = None  # checked once per Control
+        self._templates: tuple[Control, tuple[str | None, str | None, str]] | None = None
+        #: per Control: this function's settings checked once, and its straight path's ``run``
+        self._settings: tuple[Control, _Options, Callable[..., tuple[Any, Any]]] | None = None
         self._warned: set[str] = set()
         self._warn_lock = threading.Lock()
 
@@ -185,14 +186,15 @@ class _Protected:
         arguments = self.bind(args, kwargs)
         cached = self._templates
         if cached is not None and cached[0] is control:
-            effect, resource_template = cached[1]
+            effect, resource_template, environment = cached[1]
         else:
             effect, resource_template = self.templates(control)
-            self._templates = (control, (effect, resource_template))
+            environment = control.wiring.environment
+            self._templates = (control, (effect, resource_template, environment))
         resource = None
         if resource_template is not None:
             resource = render_resource(resource_template, arguments)
-        action = new_action(self.name, arguments, principal, resource, control.wiring.environment)
+        action = new_action(self.name, arguments, principal, resource, environment)
         effect_key, effect_error = None, None
         if effect is not None:
             # the checked arguments render as their canonical form would, when plain
@@ -303,14 +305,13 @@ class _Protected:
                 checked = control.wiring.options(call.action, None, lease=self.lease,
                                                  reconcile=self.reconcile,
                                                  reconcile_eagerly=self.reconcile_eagerly)  # fmt: skip
-                settings = self._settings = (control, checked)
+                settings = self._settings = (control, checked, control.wiring.straight.run)
             key, base = call.effect_key, settings[1]
             if key is not None and (key == "" or key.startswith("policy:")):
                 control.wiring.options(call.action, key)  # refused: the error names the key
             options = _Options(key, base.lease, base.reconcile, base.reconcile_eagerly, call.task,
                                call.hop, base.preconditions)  # fmt: skip
-            value, evaluation = control.wiring.straight.run(call.action, self.executor(call.action),
-                                                            key, options)  # fmt: skip
+            value, evaluation = settings[2](call.action, self.executor(call.action), key, options)
             if value is not GIVE_WAY:
                 return value
         return drive(self.steps(call, evaluation))

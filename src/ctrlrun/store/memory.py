@@ -9,16 +9,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from ..authority.ledger import Charge, Consumption, DelegationRecord
+from ..authority.ledger import Consumption, DelegationRecord
 from .._time import format_precise, require_aware, utc_now
-from ..approvals.records import Approval, ApprovalRecord, ApprovalStatus
+from ..approvals.records import ApprovalRecord, ApprovalStatus
 from ..effects.records import (
-    DEFAULT_LEASE,
     EffectRecord,
     EffectState,
-    Reservation,
-    check_reservation_args,
-    new_reservation,
 )
 from ..evidence.drafts import EventRow, ReceiptDraft, event_from_row
 from ..errors import InvalidArgument
@@ -28,7 +24,7 @@ from .evidencemem import EvidenceData, MemoryEvidenceRows
 from .ledger import consumption_from_row, delegation_from_row, delegation_to_row
 from .ops import EventsFn, StoreOps
 from .rows import KeptWrite, Tx, TxSteps
-from .steps import _check_id, event_rows
+from .straight import Finished, Started, StraightWrites, fresh_start
 
 __all__ = ["InMemoryStateStore"]
 
@@ -359,7 +355,7 @@ class _MemoryTx(MemoryEvidenceRows, TxSteps):
         return True
 
 
-class InMemoryStateStore(StoreOps):
+class InMemoryStateStore(StraightWrites, StoreOps):
     """All store rules over in-process dicts, one ``threading.Lock`` around each check-and-write.
 
     It shares state only between threads of one process and keeps nothing: no cross-process
@@ -387,104 +383,58 @@ class InMemoryStateStore(StoreOps):
         with self._lock:
             return operation(_MemoryTx(self._data), self._now())
 
-    # The allowed call's two writes, straight on the dicts: a new key reserved into
-    # ``executing``, and that attempt committed with its receipt. Anything else (a taken key,
-    # an approval, another outcome, a record not as the caller left it) takes the general path.
+    # The straight path's two primitives (``store.straight``), on the dicts under the lock: a new
+    # key reserved into ``executing``, and that attempt committed with its receipt. A taken key, or
+    # a record not as the start left it, is declined: the general path decides it.
 
-    def start_attempt(
-        self,
-        *,
-        action_id: str,
-        effect_key: str | None,
-        lease: timedelta = DEFAULT_LEASE,
-        approval_id: str | None = None,
-        action_hash: str | None = None,
-        events: EventsFn | None = None,
-        return_events: bool = True,
-        charges: Sequence[Charge] = (),
-    ) -> tuple[Approval | None, Reservation | None, tuple[Event, ...]]:
+    def _start_straight(self, action_id: str, effect_key: str, lease: timedelta, action_hash: str | None,
+                        events: EventsFn, return_events: bool) -> Started | None:  # fmt: skip
         data = self._data
-        if approval_id is None and type(effect_key) is str and events is not None and not charges:
-            _check_id(action_id, "action_id")
-            _check_id(effect_key, "effect_key")
-            if action_hash is not None:
-                _check_id(action_hash, "action_hash")
-            if type(lease) is not timedelta or lease <= _ZERO:
-                check_reservation_args(effect_key, action_id, lease)  # refuses what is not positive
-            with self._lock:
-                if effect_key not in data.effects:
-                    self.transactions += 1  # a write begins (under the store's lock)
-                    now = self.clock()
-                    if type(now) is not datetime or now.tzinfo is not timezone.utc:
-                        now = require_aware(now, "the store clock's time")
-                    until = now + lease
-                    reservation = new_reservation(effect_key, action_id, 1, until)
-                    at = format_precise(now)  # the expiry formatted last: the start event's lease reuses it
-                    values = codec.fresh_effect_values(
-                        effect_key, EffectState.EXECUTING, action_id, format_precise(until), at, action_hash
-                    )  # fmt: skip
-                    rows = event_rows(events(None, reservation), action_id, effect_key)
-                    # nothing below can fail: the write is whole or absent
-                    data.effects[effect_key] = dict(zip(codec.EFFECT_FIELDS, values))
-                    ids = self._append(rows)
-                    stored = tuple(map(event_from_row, rows, ids)) if return_events else ()
-                    return None, reservation, stored
-        return super().start_attempt(
-            action_id=action_id, effect_key=effect_key, lease=lease, approval_id=approval_id,
-            action_hash=action_hash, events=events, return_events=return_events,
-            charges=charges,
-        )  # fmt: skip
+        with self._lock:
+            if effect_key in data.effects:
+                return None
+            self.transactions += 1  # a write begins (under the store's lock)
+            now = self.clock()
+            if type(now) is not datetime or now.tzinfo is not timezone.utc:
+                now = require_aware(now, "the store clock's time")
+            reservation, values, rows = fresh_start(now, effect_key, action_id, lease, action_hash, events)
+            # nothing below can fail: the write is whole or absent
+            data.effects[effect_key] = dict(zip(codec.EFFECT_FIELDS, values))
+            ids = self._append(rows)
+            return None, reservation, tuple(map(event_from_row, rows, ids)) if return_events else ()
 
-    def finish_attempt(
-        self,
-        *,
-        effect_key: str | None,
-        action_id: str,
-        outcome: EffectState | str | None,
-        result: Any = None,
-        error: str | None = None,
-        events: Sequence[Event | EventRow] = (),
-        receipt: Receipt | ReceiptDraft | None = None,
-        return_events: bool = True,
-    ) -> tuple[tuple[Event, ...], Receipt | ReceiptDraft | None]:
+    def _finish_straight(self, effect_key: str, action_id: str, result: Any, rows: list[EventRow],
+                         result_columns: tuple[Any, Any], draft: ReceiptDraft,
+                         return_events: bool) -> Finished | None:  # fmt: skip
         data = self._data
-        if outcome is EffectState.COMMITTED and type(effect_key) is str and type(receipt) is ReceiptDraft:
-            # the key's row names this action: both ids were checked when the key was reserved
-            rows = event_rows(events, action_id, effect_key)
-            result_json, exact = codec.result_columns(result)
-            with self._lock:
-                row = data.effects.get(effect_key)
-                if (
-                    row is not None and row["action_id"] == action_id
-                    and row["state"] == "executing" and row["result_json"] is None
-                    and row["error"] is None and data.head is not None
-                    and receipt.receipt_id not in data.receipts
-                    and receipt.action_id == action_id and receipt.effect_key == effect_key
-                ):  # fmt: skip
-                    self.transactions += 1  # a write begins (under the store's lock)
-                    now = self.clock()
-                    if type(now) is not datetime or now.tzinfo is not timezone.utc:
-                        now = require_aware(now, "the store clock's time")
-                    at = format_precise(now)
-                    seq, previous = data.head
-                    line, digest = receipt.place(seq + 1, previous)
-                    # nothing below can fail: the write is whole or absent
-                    row = row.copy()
-                    row.update(state="committed", lease_expires_at=None, result_json=result_json,
-                               updated_at=at, result_exact=exact)  # fmt: skip
-                    data.effects[effect_key] = row
-                    ids = self._append(rows)
-                    data.receipts[receipt.receipt_id] = dict(zip(codec.RECEIPT_ROW, (
-                        receipt.receipt_id, action_id, effect_key, receipt.result, line,
-                        receipt.finished_at, seq + 1, previous, digest, receipt.approval_id,
-                    )))  # fmt: skip
-                    data.head = (seq + 1, digest)
-                    stored = tuple(map(event_from_row, rows, ids)) if return_events else ()
-                    return stored, receipt
-        return super().finish_attempt(
-            effect_key=effect_key, action_id=action_id, outcome=outcome, result=result,
-            error=error, events=events, receipt=receipt, return_events=return_events,
-        )  # fmt: skip
+        result_json, exact = result_columns
+        with self._lock:
+            row = data.effects.get(effect_key)
+            if (
+                row is None or row["action_id"] != action_id or row["state"] != "executing"
+                or row["result_json"] is not None or row["error"] is not None or data.head is None
+                or draft.receipt_id in data.receipts
+            ):  # fmt: skip
+                return None
+            self.transactions += 1  # a write begins (under the store's lock)
+            now = self.clock()
+            if type(now) is not datetime or now.tzinfo is not timezone.utc:
+                now = require_aware(now, "the store clock's time")
+            at = format_precise(now)
+            seq, previous = data.head
+            line, digest = draft.place(seq + 1, previous)
+            # nothing below can fail: the write is whole or absent
+            row = row.copy()
+            row.update(state="committed", lease_expires_at=None, result_json=result_json,
+                       updated_at=at, result_exact=exact)  # fmt: skip
+            data.effects[effect_key] = row
+            ids = self._append(rows)
+            data.receipts[draft.receipt_id] = dict(zip(codec.RECEIPT_ROW, (
+                draft.receipt_id, action_id, effect_key, draft.result, line,
+                draft.finished_at, seq + 1, previous, digest, draft.approval_id,
+            )))  # fmt: skip
+            data.head = (seq + 1, digest)
+            return tuple(map(event_from_row, rows, ids)) if return_events else (), draft
 
     def _append(self, rows: Sequence[EventRow]) -> range:
         events = self._data.events

@@ -18,7 +18,7 @@ from .._time import utc_now
 from ..errors import CTRLRunError, InvalidArgument, SchemaMismatch, StoreError, StoreUnavailable
 from .schema import HEAD, MIGRATIONS, apply_migrations, classify, read_schema, running_version
 from .sql import SQLStateStore
-from .sqlstraight import StraightWrites
+from .sqlstraight import SQLStraightWrites
 
 __all__ = ["SQLiteStateStore"]
 
@@ -81,7 +81,7 @@ def _refuse_empty(path: Path) -> None:
 _EMPTY_WAIT = _BUSY_SECONDS
 
 
-class SQLiteStateStore(StraightWrites, SQLStateStore):
+class SQLiteStateStore(SQLStraightWrites, SQLStateStore):
     """The store in one SQLite file: WAL, ``BEGIN IMMEDIATE`` around every decide-and-write.
 
     ``durability="full"`` (default) syncs every commit so a reservation survives power loss;
