@@ -294,8 +294,10 @@ class _Protected:
         return value
 
     def call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        control = default_control() if self.needs_default() else self.control
-        assert control is not None  # needs_default() is False only with a control= given
+        control = self.control
+        if control is None:
+            self.needs_default()  # refuses a call outside ctrlrun.context()
+            control = default_control()
         call = self.prepare(control, args, kwargs)
         evaluation = None
         if call.effect_error is None and self.scope is None:

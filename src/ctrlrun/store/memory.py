@@ -400,8 +400,10 @@ class InMemoryStateStore(StraightWrites, StoreOps):
             reservation, values, rows = fresh_start(now, effect_key, action_id, lease, action_hash, events)
             # nothing below can fail: the write is whole or absent
             data.effects[effect_key] = dict(zip(codec.EFFECT_FIELDS, values))
-            ids = self._append(rows)
-            return None, reservation, tuple(map(event_from_row, rows, ids)) if return_events else ()
+            if not return_events:
+                data.events.extend(rows)  # an event's id is its position: nothing to read back
+                return None, reservation, ()
+            return None, reservation, tuple(map(event_from_row, rows, self._append(rows)))
 
     def _finish_straight(self, effect_key: str, action_id: str, result: Any, rows: list[EventRow],
                          result_columns: tuple[Any, Any], draft: ReceiptDraft,
@@ -428,13 +430,17 @@ class InMemoryStateStore(StraightWrites, StoreOps):
             row.update(state="committed", lease_expires_at=None, result_json=result_json,
                        updated_at=at, result_exact=exact)  # fmt: skip
             data.effects[effect_key] = row
-            ids = self._append(rows)
+            ids = None
+            if return_events:
+                ids = self._append(rows)
+            else:
+                data.events.extend(rows)  # an event's id is its position: nothing to read back
             data.receipts[draft.receipt_id] = dict(zip(codec.RECEIPT_ROW, (
                 draft.receipt_id, action_id, effect_key, draft.result, line,
                 draft.finished_at, seq + 1, previous, digest, draft.approval_id,
             )))  # fmt: skip
             data.head = (seq + 1, digest)
-            return tuple(map(event_from_row, rows, ids)) if return_events else (), draft
+            return tuple(map(event_from_row, rows, ids)) if ids is not None else (), draft
 
     def _append(self, rows: Sequence[EventRow]) -> range:
         events = self._data.events

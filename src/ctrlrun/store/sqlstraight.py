@@ -46,6 +46,9 @@ class SQLStraightWrites(StraightWrites):
                 reservation = _reserve(tx, effect_key, action_id, lease, now,
                                        EffectState.EXECUTING, action_hash=action_hash)  # fmt: skip
                 rows = event_rows(events(None, reservation), action_id, effect_key)
+            if not return_events:  # no ids read back, no events made
+                tx._insert_events(rows, advance_head=False)
+                return None, reservation, ()
             return None, reservation, _stored(tx, rows, tx.insert_events(rows))
 
         return store._write(start)  # type: ignore[no-any-return]
@@ -63,8 +66,10 @@ class SQLStraightWrites(StraightWrites):
             committed = ("committed", None, result_json, None, format_precise(now), exact,
                          effect_key, action_id, "executing")  # fmt: skip
             if tx._run(tx.sql.finish_effect.sql, committed).rowcount == 1:
-                ids = tx.insert_events(rows)
-                return _stored(tx, rows, ids), self._chain(tx, draft)
+                if not return_events:  # no ids read back, no events made
+                    tx._insert_events(rows, advance_head=False)
+                    return (), self._chain(tx, draft)
+                return _stored(tx, rows, tx.insert_events(rows)), self._chain(tx, draft)
             # not as the start left it: decided on the stored record, as the general path does
             _transition(tx, effect_key, lambda r: check_commit(r, effect_key, action_id, result, now))
             return _record(tx, rows, draft)
