@@ -21,15 +21,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-POLICY = """\
-schema: ctrlrun.policy/v2
-actions:
-  bench.refund:
-    effect: "refund:{payment_id}"
-    rules:
-      - when: { amount_gte: 0, amount_lte: 50000 }
-        decision: allow
-"""
+sys.path.insert(0, str(HERE))
+from ab_call import POLICY  # noqa: E402  (the A/B's policy: the same action and rules)
+
 SCRIPT = """\
 import sys, time
 started = time.perf_counter()
